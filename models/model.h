@@ -1,0 +1,137 @@
+// One configurable decoder covering Llama 2/3, Mistral, Qwen2, Gemma and Phi3, with Hugging Face parameter
+// names and shapes, loaded from a Hugging Face folder (config.json + safetensors) or randomly initialised.
+//
+// Parameters are plain tensors in a name-ordered list (not torch::nn::Module) so the engine can move them
+// into flat buffers (each parameter becomes a view) and give each a gradient view.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops/common.h"
+
+namespace tigon::models {
+
+// Thrown for bad input (config, checkpoint files, batches). The message names the problem.
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct RopeScaling {
+  std::string type = "default";  // "default" | "llama3" | "linear"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string family;  // model_type: llama | mistral | qwen2 | gemma | phi3
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases (Qwen2 always; Llama's attention_bias)
+  std::string hidden_act = "silu";
+  nlohmann::json raw;  // the config as given, written back on save
+
+  // Reads a Hugging Face config (transformers 4 `rope_theta`/`rope_scaling` or 5 `rope_parameters`).
+  // Throws ModelError naming the missing or invalid field, or the unsupported model_type.
+  static ModelConfig FromJson(const nlohmann::json& json);
+  nlohmann::json ToJson() const;
+};
+
+enum class OpChoice { kFused, kReference };
+
+// Which implementation each op of the model uses. Names: "rms_norm", "rope", "swiglu" or "geglu" (by
+// family), "fused_linear_cross_entropy" (the lm_head + loss).
+class OpTable {
+ public:
+  static OpTable AllFused(const ModelConfig& config);
+  static OpTable AllReference(const ModelConfig& config);
+  // The op names this family uses.
+  static std::vector<std::string> OpNames(const ModelConfig& config);
+  OpChoice Get(const std::string& op) const;
+  void Set(const std::string& op, OpChoice choice);  // throws ModelError for an unknown op name
+  const std::map<std::string, OpChoice>& entries() const { return entries_; }
+
+ private:
+  std::map<std::string, OpChoice> entries_;
+};
+
+struct NamedParameter {
+  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  torch::Tensor tensor;
+};
+
+class DecoderModel {
+ public:
+  DecoderModel(ModelConfig config, OpTable ops);
+
+  const ModelConfig& config() const { return config_; }
+  OpTable& ops() { return ops_; }
+  const OpTable& ops() const { return ops_; }
+
+  // All trainable parameters in a fixed order. Tied embeddings appear once (as embed_tokens).
+  std::vector<NamedParameter>& parameters() { return params_; }
+  const std::vector<NamedParameter>& parameters() const { return params_; }
+  torch::Tensor& parameter(const std::string& name);  // throws ModelError when absent
+
+  // Random initialisation like Hugging Face's (normal(0, initializer_range), norms at their identity).
+  void InitRandom(uint64_t seed, double initializer_range);
+
+  // input_ids [B, T] int64 on the parameters' device -> final hidden states [B, T, H] (after the norm).
+  torch::Tensor HiddenStates(const torch::Tensor& input_ids) const;
+  // -> logits [B, T, V], in fp32.
+  torch::Tensor Logits(const torch::Tensor& input_ids) const;
+  // Sum over positions with label != -100 of weight * (-log p(label)), as a 0-dim fp32 tensor with
+  // autograd; uses fused_linear_cross_entropy or lm_head + reference cross-entropy per the op table.
+  torch::Tensor LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                        const torch::Tensor& loss_weights) const;
+  // Per-position log p(label) [B, T] fp32 (0 where ignored), no autograd, computed in chunks.
+  torch::Tensor TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels) const;
+
+  // Hugging Face tensors by name (Phi3's fused qkv_proj/gate_up_proj as stored). Checks that every
+  // parameter is present with its shape; converts dtype. Throws ModelError otherwise.
+  void LoadStateDict(const std::map<std::string, torch::Tensor>& tensors);
+  // name -> tensor, Hugging Face names (tied lm_head omitted, as save_pretrained does).
+  std::map<std::string, torch::Tensor> StateDict() const;
+
+ private:
+  ModelConfig config_;
+  OpTable ops_;
+  std::vector<NamedParameter> params_;
+  std::map<std::string, size_t> index_;
+};
+
+// Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from a local
+// Hugging Face folder, into `dtype` on `device`. Throws ModelError naming the problem.
+std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder, const OpTable* ops,
+                                             torch::Dtype dtype, torch::Device device);
+
+// A randomly initialised model from a Hugging Face config.
+std::unique_ptr<DecoderModel> CreateRandom(const nlohmann::json& config, const OpTable* ops, uint64_t seed,
+                                           torch::Dtype dtype, torch::Device device);
+
+// Writes config.json and model.safetensors of `model` (in its current dtype) into `folder`.
+void SavePretrained(const DecoderModel& model, const std::string& folder);
+
+std::vector<std::string> SupportedFamilies();
+
+}  // namespace tigon::models
