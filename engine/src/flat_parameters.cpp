@@ -1,0 +1,140 @@
+#include "flat_parameters.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/ops/ops.h"
+#include "kernels/reference/reference.h"
+
+namespace tigon::engine {
+
+Precision ParsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "bf16_mixed") return Precision::kBf16Mixed;
+  throw std::invalid_argument("unknown precision '" + name + "' (expected fp32, bf16 or bf16_mixed)");
+}
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kBf16Mixed: return "bf16_mixed";
+  }
+  return "fp32";
+}
+
+torch::Dtype ModelDtype(Precision precision) {
+  return precision == Precision::kFp32 ? torch::kFloat : torch::kBFloat16;
+}
+
+FlatParameters::FlatParameters(models::DecoderModel& model, Precision precision) : precision_(precision) {
+  torch::NoGradGuard no_grad;
+  auto& params = model.parameters();
+  TORCH_CHECK(!params.empty(), "model has no parameters");
+  const auto device = params.front().tensor.device();
+  const auto dtype = ModelDtype(precision);
+
+  // Decayed (>= 2-D) parameters first, then 1-D ones (norms, biases), each group in model order.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].tensor.dim() >= 2) order.push_back(i);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].tensor.dim() < 2) order.push_back(i);
+
+  int64_t total = 0;
+  for (size_t i : order) {
+    const auto& p = params[i];
+    ParameterSlot slot;
+    slot.name = p.name;
+    slot.offset = total;
+    slot.numel = p.tensor.numel();
+    slot.shape = p.tensor.sizes().vec();
+    if (p.tensor.dim() >= 2) decay_numel_ += slot.numel;
+    total += slot.numel;
+    slots_.push_back(slot);
+  }
+
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  params_ = torch::empty({total}, options);
+  grads_ = torch::zeros({total}, options);
+  for (size_t k = 0; k < order.size(); ++k) {
+    auto& p = params[order[k]];
+    const auto& slot = slots_[k];
+    auto view = params_.narrow(0, slot.offset, slot.numel).view(slot.shape);
+    view.copy_(p.tensor);
+    view.requires_grad_(true);
+    // Backward accumulates in place into an already-defined .grad, i.e. into the flat gradient buffer.
+    view.mutable_grad() = grads_.narrow(0, slot.offset, slot.numel).view(slot.shape);
+    p.tensor = view;
+  }
+
+  // AdamW state: the parameters' dtype for bf16 (what the anchor measurements used), fp32 otherwise.
+  const auto state_dtype = precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
+  exp_avg_ = torch::zeros({total}, options.dtype(state_dtype));
+  exp_avg_sq_ = torch::zeros({total}, options.dtype(state_dtype));
+  if (precision == Precision::kBf16Mixed) master_ = params_.to(torch::kFloat);
+}
+
+void FlatParameters::ZeroGrads() {
+  torch::NoGradGuard no_grad;
+  grads_.zero_();
+}
+
+double FlatParameters::GradNorm(double scale) const {
+  torch::NoGradGuard no_grad;
+  constexpr int64_t kChunk = int64_t{1} << 26;  // 256 MiB of fp32 at a time
+  torch::Tensor sum = torch::zeros({}, grads_.options().dtype(torch::kDouble));
+  for (int64_t start = 0; start < grads_.numel(); start += kChunk) {
+    const int64_t n = std::min(kChunk, grads_.numel() - start);
+    auto chunk = grads_.narrow(0, start, n).to(torch::kFloat);
+    sum += chunk.mul(chunk).sum(torch::kDouble);
+  }
+  return std::sqrt(sum.item<double>()) * std::abs(scale);
+}
+
+void FlatParameters::AdamWStep(const AdamWOptions& options, bool fused) {
+  torch::NoGradGuard no_grad;
+  auto run = [&](int64_t start, int64_t n, double weight_decay) {
+    if (n == 0) return;
+    AdamWOptions group = options;
+    group.weight_decay = weight_decay;
+    auto grad = grads_.narrow(0, start, n);
+    auto m = exp_avg_.narrow(0, start, n);
+    auto v = exp_avg_sq_.narrow(0, start, n);
+    if (master_.defined()) {
+      auto master = master_.narrow(0, start, n);
+      auto copy = params_.narrow(0, start, n);
+      if (fused) {
+        ops::adamw_step(master, grad, m, v, group, copy);
+      } else {
+        reference::adamw_step(master, grad, m, v, group, copy);
+      }
+    } else {
+      auto param = params_.narrow(0, start, n);
+      if (fused) {
+        ops::adamw_step(param, grad, m, v, group);
+      } else {
+        reference::adamw_step(param, grad, m, v, group);
+      }
+    }
+  };
+  run(0, decay_numel_, options.weight_decay);
+  run(decay_numel_, params_.numel() - decay_numel_, 0.0);
+}
+
+void FlatParameters::ResetOptimizerState() {
+  torch::NoGradGuard no_grad;
+  exp_avg_.zero_();
+  exp_avg_sq_.zero_();
+  SyncMasterFromParams();
+}
+
+void FlatParameters::SyncMasterFromParams() {
+  torch::NoGradGuard no_grad;
+  if (master_.defined()) master_.copy_(params_);
+}
+
+}  // namespace tigon::engine

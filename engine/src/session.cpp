@@ -1,0 +1,602 @@
+// The engine's Session: a model replica on one device, its flat parameters/gradients/AdamW state, and the
+// step counter. Every public call validates first, then runs inside a try block that turns torch and
+// CUDA exceptions into Status values; a failed call leaves the session as it was.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "atomic_dir.h"
+#include "device_memory.h"
+#include "flat_parameters.h"
+#include "log.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+#include "tigon/engine.h"
+
+#ifdef TIGON_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tigon {
+namespace engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kCheckpointFormat = 1;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void Synchronize(const torch::Device& device) {
+#ifdef TIGON_WITH_CUDA
+  if (device.is_cuda()) cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+#else
+  (void)device;
+#endif
+}
+
+nlohmann::json ReadJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw models::ModelError("cannot open " + path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw models::ModelError("malformed JSON in " + path + ": " + e.what());
+  }
+}
+
+void WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+// Status from an exception thrown inside a step.
+Status StatusFromException(const std::exception& e, const torch::Device& device, const char* call) {
+  const std::string what = e.what();
+  if (IsOutOfMemory(what)) {
+    ReleaseCachedMemory(device);
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("device memory exhausted on ") + device.str() + " during " + call +
+                      "; the step was not applied: " + what.substr(0, 400));
+  }
+  if (dynamic_cast<const models::ModelError*>(&e) != nullptr ||
+      dynamic_cast<const std::invalid_argument*>(&e) != nullptr) {
+    return Status(StatusCode::kInvalidArgument, what);
+  }
+  return Status(StatusCode::kInternal, std::string(call) + " failed: " + what.substr(0, 2000));
+}
+
+class SessionImpl final : public Session {
+ public:
+  SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
+              std::vector<int> devices, const SessionOptions& options, bool fused_adamw)
+      : model_(std::move(model)),
+        device_(device),
+        devices_(std::move(devices)),
+        optimizer_(options.optimizer),
+        seed_(options.seed),
+        fused_adamw_(fused_adamw) {
+    flat_ = std::make_unique<FlatParameters>(*model_, precision);
+  }
+
+  SessionInfo Info() const override {
+    SessionInfo info;
+    const auto& cfg = model_->config();
+    info.model_family = cfg.family;
+    info.precision = PrecisionName(flat_->precision());
+    info.parameter_count = flat_->numel();
+    info.vocab_size = cfg.vocab_size;
+    info.max_position_embeddings = cfg.max_position_embeddings;
+    for (const auto& [op, choice] : model_->ops().entries())
+      info.ops.push_back({op, choice == models::OpChoice::kFused ? "fused" : "reference"});
+    info.ops.push_back({"adamw", fused_adamw_ ? "fused" : "reference"});
+    info.devices = devices_;
+    info.step = step_;
+    info.accumulated_batches = pending_batches_;
+    info.optimizer = optimizer_;
+    info.seed = seed_;
+    return info;
+  }
+
+  Status ForwardBackward(const Batch& batch, StepStats* stats) override {
+    const auto start = Clock::now();
+    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
+    StepStats out;
+    TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "forward_backward"));
+    out.wall_seconds = SecondsSince(start);
+    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    if (stats) *stats = out;
+    return Status::Ok();
+  }
+
+  Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) override {
+    const auto start = Clock::now();
+    if (pending_batches_ == 0) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "optim_step needs accumulated gradients: call forward_backward first");
+    }
+    OptimizerSettings settings;
+    TIGON_RETURN_IF_ERROR(ResolveOptimizer(overrides, &settings));
+    ResetPeakMemory(device_);
+    StepStats out;
+    TIGON_RETURN_IF_ERROR(RunOptimStep(settings, &out));
+    Synchronize(device_);
+    out.wall_seconds = SecondsSince(start);
+    FillMemory(&out);
+    if (stats) *stats = out;
+    return Status::Ok();
+  }
+
+  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) override {
+    const auto start = Clock::now();
+    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
+    OptimizerSettings settings;
+    TIGON_RETURN_IF_ERROR(ResolveOptimizer(overrides, &settings));
+    StepStats out;
+    TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "train_step"));
+    StepStats optim;
+    Status status = RunOptimStep(settings, &optim);
+    if (!status.ok()) return status;
+    Synchronize(device_);
+    out.step = optim.step;
+    out.grad_norm = optim.grad_norm;
+    out.lr = optim.lr;
+    out.accumulated_batches = 0;
+    out.wall_seconds = SecondsSince(start);
+    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    FillMemory(&out);
+    if (stats) *stats = out;
+    return Status::Ok();
+  }
+
+  Status Forward(const Batch& batch, ForwardResult* result) override {
+    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/false));
+    try {
+      c10::DeviceGuard guard(device_);
+      torch::NoGradGuard no_grad;
+      auto [ids, labels, weights] = ToTensors(batch);
+      auto logprobs = model_->TokenLogProbs(ids, labels).to(torch::kFloat);
+      auto valid = labels.ne(kIgnoreIndex);
+      const int64_t tokens = valid.sum().item<int64_t>();
+      auto weighted = weights.defined() ? logprobs * weights : logprobs;
+      const double sum = weighted.masked_fill(valid.logical_not(), 0.0).sum(torch::kDouble).item<double>();
+      ForwardResult out;
+      out.tokens = tokens;
+      out.loss = tokens > 0 ? -sum / static_cast<double>(tokens) : 0.0;
+      auto flat = logprobs.masked_fill(valid.logical_not(), 0.0).reshape({-1}).contiguous().cpu();
+      out.logprobs.assign(flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+      if (result) *result = std::move(out);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return StatusFromException(e, device_, "forward");
+    }
+  }
+
+  Status SaveCheckpoint(const std::string& dir) override {
+    if (dir.empty()) return Status(StatusCode::kInvalidArgument, "checkpoint path is empty");
+    if (pending_batches_ > 0) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "the session has gradients from " + std::to_string(pending_batches_) +
+                        " forward_backward call(s) not yet applied; call optim_step before saving");
+    }
+    std::string temp;
+    try {
+      temp = MakeTempSiblingDir(dir);
+      models::SavePretrained(*model_, temp);
+      std::map<std::string, torch::Tensor> state{{"exp_avg", flat_->exp_avg()},
+                                                 {"exp_avg_sq", flat_->exp_avg_sq()}};
+      if (flat_->master().defined()) state["master"] = flat_->master();
+      models::WriteSafetensors(temp + "/optimizer.safetensors", state,
+                               {{"format", "tigon-flat-adamw"}, {"step", std::to_string(step_)}});
+      WriteTextFile(temp + "/trainer_state.json", TrainerState().dump(1));
+      PublishDirectory(temp, dir);
+      Logf(LogLevel::kInfo, "saved checkpoint at step ", step_, " to ", dir);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      if (!temp.empty()) RemoveTree(temp);
+      return Status(StatusCode::kInternal, "saving checkpoint to " + dir + " failed: " + e.what());
+    }
+  }
+
+  Status LoadCheckpoint(const std::string& dir) override {
+    namespace fs = std::filesystem;
+    if (!fs::is_directory(dir)) return Status(StatusCode::kNotFound, "no checkpoint directory at " + dir);
+    if (!fs::exists(dir + "/config.json"))
+      return Status(StatusCode::kNotFound, "no config.json in checkpoint " + dir);
+    try {
+      c10::DeviceGuard guard(device_);
+      // Read and check everything before touching the session.
+      auto config = models::ModelConfig::FromJson(ReadJsonFile(dir + "/config.json"));
+      const auto& mine = model_->config();
+      if (config.family != mine.family || config.vocab_size != mine.vocab_size ||
+          config.hidden_size != mine.hidden_size || config.num_hidden_layers != mine.num_hidden_layers ||
+          config.intermediate_size != mine.intermediate_size ||
+          config.num_attention_heads != mine.num_attention_heads ||
+          config.num_key_value_heads != mine.num_key_value_heads) {
+        return Status(StatusCode::kInvalidArgument,
+                      "checkpoint " + dir + " holds a different model (" + config.family + ", hidden " +
+                          std::to_string(config.hidden_size) + ", " + std::to_string(config.num_hidden_layers) +
+                          " layers) than this session (" + mine.family + ", hidden " +
+                          std::to_string(mine.hidden_size) + ", " + std::to_string(mine.num_hidden_layers) +
+                          " layers)");
+      }
+      auto tensors = ReadModelTensors(dir);
+      std::map<std::string, torch::Tensor> optimizer;
+      nlohmann::json trainer;
+      const bool has_optimizer = fs::exists(dir + "/optimizer.safetensors");
+      if (has_optimizer) {
+        optimizer = models::ReadSafetensors(dir + "/optimizer.safetensors");
+        for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+          auto it = optimizer.find(key);
+          if (it == optimizer.end() || it->second.numel() != flat_->numel())
+            return Status(StatusCode::kInvalidArgument,
+                          std::string("optimizer state '") + key + "' in " + dir +
+                              " is missing or does not match this session's " +
+                              std::to_string(flat_->numel()) + " parameters");
+        }
+        if (fs::exists(dir + "/trainer_state.json")) trainer = ReadJsonFile(dir + "/trainer_state.json");
+      }
+      for (const auto& slot : flat_->slots()) {
+        auto it = tensors.find(slot.name);
+        if (it == tensors.end())
+          return Status(StatusCode::kInvalidArgument, "checkpoint " + dir + " lacks tensor " + slot.name);
+        if (it->second.sizes().vec() != slot.shape)
+          return Status(StatusCode::kInvalidArgument,
+                        "tensor " + slot.name + " in " + dir + " has shape " + ShapeString(it->second.sizes().vec()) +
+                            ", expected " + ShapeString(slot.shape));
+      }
+      // Apply.
+      torch::NoGradGuard no_grad;
+      for (const auto& slot : flat_->slots()) {
+        flat_->params().narrow(0, slot.offset, slot.numel).copy_(tensors.at(slot.name).reshape({-1}));
+      }
+      flat_->ZeroGrads();
+      pending_batches_ = 0;
+      pending_tokens_ = 0;
+      if (has_optimizer) {
+        flat_->exp_avg().copy_(optimizer.at("exp_avg"));
+        flat_->exp_avg_sq().copy_(optimizer.at("exp_avg_sq"));
+        if (flat_->master().defined()) {
+          auto it = optimizer.find("master");
+          if (it != optimizer.end() && it->second.numel() == flat_->numel()) {
+            flat_->master().copy_(it->second);
+          } else {
+            flat_->SyncMasterFromParams();
+          }
+        }
+        step_ = trainer.value("step", int64_t{0});
+      } else {
+        flat_->ResetOptimizerState();
+        step_ = 0;
+      }
+      Logf(LogLevel::kInfo, "loaded checkpoint ", dir, " at step ", step_);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return StatusFromException(e, device_, "load_checkpoint");
+    }
+  }
+
+ private:
+  static std::string ShapeString(const std::vector<int64_t>& shape) {
+    std::ostringstream out;
+    out << "[";
+    for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+    out << "]";
+    return out.str();
+  }
+
+  static std::map<std::string, torch::Tensor> ReadModelTensors(const std::string& dir) {
+    namespace fs = std::filesystem;
+    if (fs::exists(dir + "/model.safetensors")) return models::ReadSafetensors(dir + "/model.safetensors");
+    const std::string index_path = dir + "/model.safetensors.index.json";
+    if (!fs::exists(index_path)) throw models::ModelError("no model.safetensors or index in " + dir);
+    auto index = ReadJsonFile(index_path);
+    std::map<std::string, torch::Tensor> out;
+    std::set<std::string> files;
+    for (const auto& [name, file] : index.at("weight_map").items()) files.insert(file.get<std::string>());
+    for (const auto& file : files) {
+      for (auto& [name, tensor] : models::ReadSafetensors(dir + "/" + file)) out[name] = tensor;
+    }
+    return out;
+  }
+
+  nlohmann::json TrainerState() const {
+    nlohmann::json state;
+    state["format"] = kCheckpointFormat;
+    state["step"] = step_;
+    state["seed"] = seed_;
+    state["precision"] = PrecisionName(flat_->precision());
+    state["optimizer"] = {{"lr", optimizer_.lr},
+                          {"beta1", optimizer_.beta1},
+                          {"beta2", optimizer_.beta2},
+                          {"eps", optimizer_.eps},
+                          {"weight_decay", optimizer_.weight_decay},
+                          {"max_grad_norm", optimizer_.max_grad_norm}};
+    nlohmann::json layout = nlohmann::json::array();
+    for (const auto& slot : flat_->slots()) layout.push_back({slot.name, slot.offset, slot.numel});
+    state["flat_layout"] = layout;
+    return state;
+  }
+
+  Status ValidateBatch(const Batch& batch, bool need_targets) const {
+    const int64_t vocab = model_->config().vocab_size;
+    if (batch.batch <= 0 || batch.seq_len <= 0)
+      return Status(StatusCode::kInvalidArgument,
+                    "batch shape must be positive, got [" + std::to_string(batch.batch) + ", " +
+                        std::to_string(batch.seq_len) + "]");
+    const int64_t n = batch.batch * batch.seq_len;
+    if (static_cast<int64_t>(batch.input_ids.size()) != n)
+      return Status(StatusCode::kInvalidArgument,
+                    "input_ids has " + std::to_string(batch.input_ids.size()) + " values, expected batch*seq_len = " +
+                        std::to_string(n));
+    if (!batch.labels.empty() && static_cast<int64_t>(batch.labels.size()) != n)
+      return Status(StatusCode::kInvalidArgument,
+                    "labels has " + std::to_string(batch.labels.size()) + " values, expected " + std::to_string(n));
+    if (!batch.loss_weights.empty() && static_cast<int64_t>(batch.loss_weights.size()) != n)
+      return Status(StatusCode::kInvalidArgument, "loss_weights has " + std::to_string(batch.loss_weights.size()) +
+                                                      " values, expected " + std::to_string(n));
+    const int64_t max_pos = model_->config().max_position_embeddings;
+    (void)max_pos;  // RoPE extrapolates; sequence length is limited by memory, not by this field.
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = batch.input_ids[i];
+      if (id < 0 || id >= vocab)
+        return Status(StatusCode::kInvalidArgument, "input_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
+                                                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    int64_t targets = 0;
+    if (batch.labels.empty()) {
+      targets = batch.batch * (batch.seq_len - 1);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t label = batch.labels[i];
+        if (label == kIgnoreIndex) continue;
+        if (label < 0 || label >= vocab)
+          return Status(StatusCode::kInvalidArgument, "labels[" + std::to_string(i) + "] = " + std::to_string(label) +
+                                                          " is outside the vocabulary [0, " + std::to_string(vocab) +
+                                                          ") and is not -100");
+        ++targets;
+      }
+    }
+    for (size_t i = 0; i < batch.loss_weights.size(); ++i) {
+      const float w = batch.loss_weights[i];
+      if (!std::isfinite(w) || w < 0)
+        return Status(StatusCode::kInvalidArgument,
+                      "loss_weights[" + std::to_string(i) + "] = " + std::to_string(w) + " is not a finite value >= 0");
+    }
+    if (need_targets && targets == 0)
+      return Status(StatusCode::kInvalidArgument, "the batch has no target tokens (every label is -100)");
+    return Status::Ok();
+  }
+
+  // input_ids, labels (aligned; default = inputs shifted left), weights (undefined when absent).
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> ToTensors(const Batch& batch) const {
+    const auto shape = std::vector<int64_t>{batch.batch, batch.seq_len};
+    auto ids = torch::from_blob(const_cast<int32_t*>(batch.input_ids.data()), shape, torch::kInt32)
+                   .to(torch::kLong);
+    torch::Tensor labels;
+    if (batch.labels.empty()) {
+      labels = torch::full(shape, kIgnoreIndex, torch::kLong);
+      labels.narrow(1, 0, batch.seq_len - 1).copy_(ids.narrow(1, 1, batch.seq_len - 1));
+    } else {
+      labels = torch::from_blob(const_cast<int32_t*>(batch.labels.data()), shape, torch::kInt32).to(torch::kLong);
+    }
+    torch::Tensor weights;
+    if (!batch.loss_weights.empty())
+      weights = torch::from_blob(const_cast<float*>(batch.loss_weights.data()), shape, torch::kFloat).clone();
+    ids = ids.to(device_);
+    labels = labels.to(device_);
+    if (weights.defined()) weights = weights.to(device_);
+    return {ids, labels, weights};
+  }
+
+  Status RunForwardBackward(const Batch& batch, StepStats* out, const char* call) {
+    try {
+      c10::DeviceGuard guard(device_);
+      ResetPeakMemory(device_);
+      auto [ids, labels, weights] = ToTensors(batch);
+      const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
+      torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
+      loss_sum.backward();
+      const double loss_value = loss_sum.item<double>();
+      pending_batches_ += 1;
+      pending_tokens_ += tokens;
+      out->loss = tokens > 0 ? loss_value / static_cast<double>(tokens) : 0.0;
+      out->tokens = tokens;
+      out->step = step_;
+      out->accumulated_batches = pending_batches_;
+      FillMemory(out);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      // Partial gradients of this call cannot be told apart from earlier ones: drop all pending ones.
+      const int64_t dropped = pending_batches_;
+      DropGradients();
+      Status status = StatusFromException(e, device_, call);
+      if (dropped > 0) {
+        status = Status(status.code(), status.message() + " (gradients pending from " + std::to_string(dropped) +
+                                           " earlier forward_backward call(s) were dropped too)");
+      }
+      Logf(LogLevel::kWarning, call, " failed: ", status.ToString());
+      return status;
+    }
+  }
+
+  Status RunOptimStep(const OptimizerSettings& settings, StepStats* out) {
+    try {
+      c10::DeviceGuard guard(device_);
+      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(pending_tokens_, 1));
+      const double grad_norm = flat_->GradNorm(scale);
+      if (!std::isfinite(grad_norm)) {
+        DropGradients();
+        return Status(StatusCode::kFailedPrecondition,
+                      "gradient norm is not finite; the pending gradients were dropped and no update was applied");
+      }
+      double clip = 1.0;
+      if (settings.max_grad_norm > 0 && grad_norm > settings.max_grad_norm)
+        clip = settings.max_grad_norm / (grad_norm + 1e-6);  // torch.nn.utils.clip_grad_norm_
+      AdamWOptions adamw;
+      adamw.lr = settings.lr;
+      adamw.beta1 = settings.beta1;
+      adamw.beta2 = settings.beta2;
+      adamw.eps = settings.eps;
+      adamw.weight_decay = settings.weight_decay;
+      adamw.step = step_ + 1;
+      adamw.grad_scale = scale * clip;
+      flat_->AdamWStep(adamw, fused_adamw_);
+      step_ += 1;
+      DropGradients();
+      out->step = step_;
+      out->grad_norm = grad_norm;
+      out->lr = settings.lr;
+      out->accumulated_batches = 0;
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      // An update that failed part-way cannot be undone without a copy; report it as such.
+      DropGradients();
+      return StatusFromException(e, device_, "optim_step");
+    }
+  }
+
+  Status ResolveOptimizer(const OptimizerOverrides& o, OptimizerSettings* out) const {
+    OptimizerSettings s = optimizer_;
+    if (o.lr) s.lr = *o.lr;
+    if (o.beta1) s.beta1 = *o.beta1;
+    if (o.beta2) s.beta2 = *o.beta2;
+    if (o.eps) s.eps = *o.eps;
+    if (o.weight_decay) s.weight_decay = *o.weight_decay;
+    if (o.max_grad_norm) s.max_grad_norm = *o.max_grad_norm;
+    return ValidateOptimizer(s, out);
+  }
+
+ public:
+  static Status ValidateOptimizer(const OptimizerSettings& s, OptimizerSettings* out) {
+    auto bad = [](const std::string& what) { return Status(StatusCode::kInvalidArgument, what); };
+    if (!std::isfinite(s.lr) || s.lr < 0) return bad("learning rate must be finite and >= 0");
+    if (!(s.beta1 >= 0 && s.beta1 < 1)) return bad("beta1 must be in [0, 1)");
+    if (!(s.beta2 >= 0 && s.beta2 < 1)) return bad("beta2 must be in [0, 1)");
+    if (!(s.eps > 0) || !std::isfinite(s.eps)) return bad("eps must be finite and > 0");
+    if (!std::isfinite(s.weight_decay) || s.weight_decay < 0) return bad("weight_decay must be finite and >= 0");
+    if (!std::isfinite(s.max_grad_norm) || s.max_grad_norm < 0) return bad("max_grad_norm must be finite and >= 0");
+    if (out) *out = s;
+    return Status::Ok();
+  }
+
+ private:
+  void DropGradients() {
+    try {
+      flat_->ZeroGrads();
+    } catch (...) {
+    }
+    pending_batches_ = 0;
+    pending_tokens_ = 0;
+  }
+
+  void FillMemory(StepStats* out) const {
+    auto mem = ReadMemory(device_);
+    out->peak_allocated_bytes = mem.peak_allocated;
+    out->peak_reserved_bytes = mem.peak_reserved;
+  }
+
+  std::unique_ptr<models::DecoderModel> model_;
+  std::unique_ptr<FlatParameters> flat_;
+  torch::Device device_;
+  std::vector<int> devices_;
+  OptimizerSettings optimizer_;
+  uint64_t seed_;
+  bool fused_adamw_;
+  int64_t step_ = 0;
+  int64_t pending_batches_ = 0;
+  int64_t pending_tokens_ = 0;
+};
+
+models::OpChoice ParseChoice(const std::string& op, const std::string& value) {
+  if (value == "fused") return models::OpChoice::kFused;
+  if (value == "reference") return models::OpChoice::kReference;
+  throw std::invalid_argument("kernel choice for '" + op + "' must be 'fused' or 'reference', got '" + value + "'");
+}
+
+}  // namespace
+}  // namespace engine
+
+Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session) {
+  using namespace engine;
+  if (session == nullptr) return Status(StatusCode::kInvalidArgument, "no output session given");
+  try {
+    const Precision precision = ParsePrecision(options.precision);
+    TIGON_RETURN_IF_ERROR(SessionImpl::ValidateOptimizer(options.optimizer, nullptr));
+    const bool has_path = !options.model_path.empty();
+    const bool has_config = !options.config_json.empty();
+    if (has_path == has_config)
+      return Status(StatusCode::kInvalidArgument,
+                    "give exactly one of a model path (a local Hugging Face folder) or a model config");
+
+    // Device: CUDA device 0 by default when present; several devices need data parallelism.
+    std::vector<int> devices = options.devices;
+    if (devices.size() > 1)
+      return Status(StatusCode::kInvalidArgument, "sessions over several devices are not supported by this build");
+    torch::Device device(torch::kCPU);
+    const auto available = ListDevices();
+    if (devices.empty() && !available.empty()) devices = {0};
+    if (!devices.empty()) {
+      const int index = devices.front();
+      if (index < 0 || index >= static_cast<int>(available.size()))
+        return Status(StatusCode::kInvalidArgument, "device " + std::to_string(index) + " does not exist (" +
+                                                        std::to_string(available.size()) + " CUDA device(s) present)");
+      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+    }
+
+    nlohmann::json config_json;
+    if (has_path) {
+      if (!std::filesystem::is_directory(options.model_path))
+        return Status(StatusCode::kNotFound, "model folder " + options.model_path + " does not exist");
+      config_json = ReadJsonFile(options.model_path + "/config.json");
+    } else {
+      try {
+        config_json = nlohmann::json::parse(options.config_json);
+      } catch (const nlohmann::json::exception& e) {
+        return Status(StatusCode::kInvalidArgument, std::string("model config is not valid JSON: ") + e.what());
+      }
+    }
+    auto config = models::ModelConfig::FromJson(config_json);
+    models::OpChoice default_choice = ParseChoice("kernels", options.kernels);
+    auto table = default_choice == models::OpChoice::kFused ? models::OpTable::AllFused(config)
+                                                              : models::OpTable::AllReference(config);
+    bool fused_adamw = default_choice == models::OpChoice::kFused;
+    for (const auto& [op, value] : options.kernel_overrides) {
+      if (op == "adamw") {
+        fused_adamw = ParseChoice(op, value) == models::OpChoice::kFused;
+      } else {
+        table.Set(op, ParseChoice(op, value));
+      }
+    }
+
+    c10::DeviceGuard guard(device);
+    std::unique_ptr<models::DecoderModel> model;
+    const auto dtype = ModelDtype(precision);
+    if (has_path) {
+      model = models::LoadPretrained(options.model_path, &table, dtype, device);
+    } else {
+      model = models::CreateRandom(config_json, &table, options.seed, dtype, device);
+    }
+    *session = std::make_unique<SessionImpl>(std::move(model), precision, device, devices, options, fused_adamw);
+    Logf(LogLevel::kInfo, "created session: ", config.family, " ", (*session)->Info().parameter_count,
+         " parameters, ", options.precision, ", on ", device.str());
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return StatusFromException(e, torch::Device(torch::kCPU), "create_session");
+  }
+}
+
+std::vector<std::string> SupportedModelFamilies() { return models::SupportedFamilies(); }
+
+std::string EngineVersion() { return "0.1.0"; }
+
+}  // namespace tigon

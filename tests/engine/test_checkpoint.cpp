@@ -1,0 +1,186 @@
+// Checkpoints through engine.h: exact resume in a fresh process, atomic replacement, Hugging Face-loadable
+// weights, and refusals that leave the session unchanged.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine_test_util.h"
+
+extern char** environ;
+
+namespace tigon {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::RandomBatch;
+using testing::TinyOptions;
+
+std::string TempDir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("tigon_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::unique_ptr<Session> MakeSession(const SessionOptions& options) {
+  std::unique_ptr<Session> session;
+  Status status = CreateSession(options, &session);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return session;
+}
+
+constexpr int kResumeSteps = 5;
+
+}  // namespace
+
+std::vector<double> TrainSteps(Session& session, int first_step, int n) {
+  std::vector<double> losses;
+  for (int i = 0; i < n; ++i) {
+    StepStats stats;
+    Status status = session.TrainStep(RandomBatch(2, 16, 1000 + first_step + i), {}, &stats);
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    losses.push_back(stats.loss);
+  }
+  return losses;
+}
+
+// The child process of ResumeIsExactInAFreshProcess: loads the checkpoint, trains, writes the losses.
+int ResumeChildMain(const char* checkpoint, const char* output) {
+  std::unique_ptr<Session> session;
+  Status status = CreateSession(TinyOptions("bf16_mixed"), &session);
+  if (status.ok()) status = session->LoadCheckpoint(checkpoint);
+  if (!status.ok() || session->Info().step != 10) {
+    std::fprintf(stderr, "resume child: %s, step %lld\n", status.ToString().c_str(),
+                 session ? static_cast<long long>(session->Info().step) : -1LL);
+    return 1;
+  }
+  std::ofstream out(output);
+  out.precision(17);
+  for (double loss : TrainSteps(*session, 10, kResumeSteps)) out << loss << "\n";
+  return out ? 0 : 1;
+}
+
+namespace {
+
+TEST(Checkpoint, ResumeIsExactInAFreshProcess) {
+  const std::string dir = TempDir("resume");
+  auto session = MakeSession(TinyOptions("bf16_mixed"));
+  TrainSteps(*session, 0, 10);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/ckpt").ok());
+  auto expected = TrainSteps(*session, 10, kResumeSteps);
+
+  const std::string output = dir + "/child_losses.txt";
+  std::string env_ckpt = "TIGON_RESUME_CHECKPOINT=" + dir + "/ckpt";
+  std::string env_out = "TIGON_RESUME_OUTPUT=" + output;
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  envp.push_back(env_ckpt.data());
+  envp.push_back(env_out.data());
+  envp.push_back(nullptr);
+  // The same test binary; main() sees the environment and runs ResumeChildMain instead of the tests.
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  char* argv[] = {self.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child failed";
+
+  std::ifstream in(output);
+  std::vector<double> resumed;
+  for (double v; in >> v;) resumed.push_back(v);
+  ASSERT_EQ(resumed.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(resumed[i], expected[i]) << "step " << 10 + i;
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ReplacesAtomicallyAndLeavesNoTemporaries) {
+  const std::string dir = TempDir("replace");
+  auto session = MakeSession(TinyOptions());
+  TrainSteps(*session, 0, 2);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/ckpt").ok());
+  TrainSteps(*session, 2, 3);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/ckpt").ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  ASSERT_EQ(names, std::vector<std::string>{"ckpt"});
+  for (const char* file : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+    EXPECT_TRUE(fs::exists(dir + "/ckpt/" + file)) << file;
+  auto fresh = MakeSession(TinyOptions());
+  ASSERT_TRUE(fresh->LoadCheckpoint(dir + "/ckpt").ok());
+  EXPECT_EQ(fresh->Info().step, 5);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, WeightsLoadAsAHuggingFaceFolder) {
+  const std::string dir = TempDir("hf");
+  auto session = MakeSession(TinyOptions());
+  TrainSteps(*session, 0, 3);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/ckpt").ok());
+  SessionOptions from_folder = TinyOptions();
+  from_folder.config_json.clear();
+  from_folder.model_path = dir + "/ckpt";
+  auto loaded = MakeSession(from_folder);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->Info().step, 0);  // a model folder carries weights only
+  auto batch = RandomBatch(2, 16, 77);
+  ForwardResult a, b;
+  ASSERT_TRUE(session->Forward(batch, &a).ok());
+  ASSERT_TRUE(loaded->Forward(batch, &b).ok());
+  EXPECT_EQ(a.loss, b.loss);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, FailedLoadsLeaveTheSessionUnchanged) {
+  const std::string dir = TempDir("bad");
+  auto session = MakeSession(TinyOptions());
+  TrainSteps(*session, 0, 2);
+  auto batch = RandomBatch(2, 16, 5);
+  ForwardResult before;
+  ASSERT_TRUE(session->Forward(batch, &before).ok());
+
+  EXPECT_EQ(session->LoadCheckpoint(dir + "/missing").code(), StatusCode::kNotFound);
+
+  // A checkpoint of a different model.
+  auto other_options = TinyOptions();
+  other_options.config_json = testing::TinyConfig("llama", 64, 2);
+  auto other = MakeSession(other_options);
+  ASSERT_TRUE(other->SaveCheckpoint(dir + "/other").ok());
+  Status status = session->LoadCheckpoint(dir + "/other");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  EXPECT_NE(status.message().find("different model"), std::string::npos) << status.message();
+
+  // A truncated weights file.
+  auto same = MakeSession(TinyOptions());
+  ASSERT_TRUE(same->SaveCheckpoint(dir + "/trunc").ok());
+  fs::resize_file(dir + "/trunc/model.safetensors", fs::file_size(dir + "/trunc/model.safetensors") / 2);
+  status = session->LoadCheckpoint(dir + "/trunc");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+
+  EXPECT_EQ(session->Info().step, 2);
+  ForwardResult after;
+  ASSERT_TRUE(session->Forward(batch, &after).ok());
+  EXPECT_EQ(before.loss, after.loss);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, SavingWithPendingGradientsIsRefused) {
+  const std::string dir = TempDir("pending");
+  auto session = MakeSession(TinyOptions());
+  ASSERT_TRUE(session->ForwardBackward(RandomBatch(1, 8, 1), nullptr).ok());
+  Status status = session->SaveCheckpoint(dir + "/ckpt");
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_FALSE(fs::exists(dir + "/ckpt"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tigon
