@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""End-to-end training throughput through the service, measured at the Python client.
+
+Starts `tigon-server` on a free loopback port, creates a session with a Llama config (random
+initialisation, bf16, AdamW), and times `train_step` calls with random tokens. tokens/s is measured at
+the client (median over steps after warm-up); peak device memory is what the server reports for the step.
+The share of step time outside the engine (gRPC, copies, Python) = 1 - engine wall time / client time.
+
+    python3 bench/e2e_bench.py --server-bin build-gpu/server/tigon-server --model llama3.2-1b \
+        --batch 8 --seq 2048 --kernels fused reference [--out results.json]
+    python3 bench/e2e_bench.py ... --model llama3-8b --batch 1 --max-seq
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+import tigon  # noqa: E402
+
+from hf_baseline import MODELS  # noqa: E402  (the same configs as the Hugging Face baseline)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary, extra=()):
+        self.port = free_port()
+        self.proc = subprocess.Popen([binary, f"--listen=127.0.0.1:{self.port}", "--max-message-bytes=268435456",
+                                      "--max-batch-tokens=1048576", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=open("server.log", "ab"))
+        self.address = f"127.0.0.1:{self.port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("tigon-server exited during start-up; see server.log")
+                time.sleep(0.2)
+        raise RuntimeError("tigon-server did not start listening")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def config_for(name):
+    return dict(MODELS[name], model_type="llama")
+
+
+def run(client, name, batch, seq, kernels, steps, warmup=2):
+    config = config_for(name)
+    rng = np.random.default_rng(0)
+    with client.create_session(config, precision="bf16", kernels=kernels,
+                               optimizer=dict(lr=1e-5, weight_decay=0.0)) as session:
+        batches = [rng.integers(0, config["vocab_size"], size=(batch, seq), dtype=np.int32)
+                   for _ in range(4)]
+        for i in range(warmup):
+            session.train_step(batches[i % 4])
+        client_times, engine_times, peaks, reserved, losses = [], [], [], [], []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            result = session.train_step(batches[i % 4])
+            client_times.append(time.perf_counter() - t0)
+            engine_times.append(result.wall_seconds)
+            peaks.append(result.peak_memory_bytes)
+            reserved.append(getattr(result, "peak_reserved_bytes", 0))
+            losses.append(result.loss)
+        median = statistics.median(client_times)
+        return dict(model=name, batch=batch, seq=seq, kernels=kernels,
+                    tokens_per_second=batch * seq / median, step_seconds=median,
+                    engine_step_seconds=statistics.median(engine_times),
+                    outside_engine_share=1.0 - sum(engine_times) / sum(client_times),
+                    peak_allocated_gib=max(peaks) / 2**30, peak_reserved_gib=max(reserved) / 2**30,
+                    last_loss=losses[-1])
+
+
+def fits(client, name, seq, kernels):
+    try:
+        run(client, name, 1, seq, kernels, steps=1, warmup=0)
+        return True
+    except tigon.ResourceExhausted:
+        return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server-bin", required=True)
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--kernels", nargs="+", default=["fused", "reference"])
+    ap.add_argument("--max-seq", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    server = Server(args.server_bin)
+    results = []
+    try:
+        client = tigon.connect(server.address)
+        for kernels in args.kernels:
+            if args.max_seq:
+                best = 0
+                for seq in [16384, 20480, 24576, 32768, 40960, 49152, 65536]:
+                    ok = fits(client, args.model, seq, kernels)
+                    print(f"{args.model} {kernels} batch 1 seq {seq}: {'fits' if ok else 'out of memory'}",
+                          flush=True)
+                    if not ok:
+                        break
+                    best = seq
+                results.append(dict(model=args.model, kernels=kernels, longest_seq=best))
+            else:
+                r = run(client, args.model, args.batch, args.seq, kernels, args.steps)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+    finally:
+        server.stop()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
