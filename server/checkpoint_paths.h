@@ -1,0 +1,32 @@
+// Checkpoint paths from requests, resolved inside --checkpoint-root.
+#pragma once
+
+#include <string>
+
+#include <grpcpp/support/status.h>
+
+namespace tigon::server {
+
+class CheckpointRoot {
+ public:
+  CheckpointRoot() = default;  // disabled
+
+  // Creates `dir` when missing and keeps its canonical form.
+  static bool Open(const std::string& dir, CheckpointRoot* out, std::string* error);
+
+  bool enabled() const { return !root_.empty(); }
+  const std::string& root() const { return root_; }
+
+  // A relative path is taken inside the root; an absolute one must already lie inside it. Symbolic
+  // links and ".." are resolved first, so a path that ends up outside the root, or at the root
+  // itself, is refused: FAILED_PRECONDITION when checkpoints are disabled, INVALID_ARGUMENT for an
+  // empty path or one with a NUL byte, PERMISSION_DENIED for an escape. On success `absolute` is
+  // the resolved path and `relative` the same path relative to the root.
+  grpc::Status Resolve(const std::string& request_path, std::string* absolute,
+                       std::string* relative) const;
+
+ private:
+  std::string root_;
+};
+
+}  // namespace tigon::server

@@ -1,0 +1,164 @@
+// tigon-server: parses the flags, connects the engine's log sink to spdlog, starts the Trainer, health
+// and reflection services and the metrics endpoint, waits for SIGTERM or SIGINT, then drains.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "server/auth.h"
+#include "server/checkpoint_paths.h"
+#include "server/engine_api.h"
+#include "server/metrics.h"
+#include "server/metrics_endpoint.h"
+#include "server/options.h"
+#include "server/trainer_service.h"
+#include "tigon/engine.h"
+
+#ifndef TIGON_VERSION
+#define TIGON_VERSION "0.0.0"
+#endif
+
+namespace {
+
+using namespace tigon::server;
+
+void ConfigureLogging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("tigon");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(level));
+  spdlog::flush_on(spdlog::level::info);
+  tigon::SetLogSink([](tigon::LogLevel engine_level, const std::string& message) {
+    switch (engine_level) {
+      case tigon::LogLevel::kDebug: spdlog::debug("engine: {}", message); break;
+      case tigon::LogLevel::kInfo: spdlog::info("engine: {}", message); break;
+      case tigon::LogLevel::kWarning: spdlog::warn("engine: {}", message); break;
+      case tigon::LogLevel::kError: spdlog::error("engine: {}", message); break;
+    }
+  });
+}
+
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+int Run(const ServerOptions& options) {
+  // SIGTERM/SIGINT are blocked in every thread (gRPC's included, which inherit the mask) and taken
+  // by sigwait below, so no handler runs inside an arbitrary gRPC or engine frame.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  std::string error;
+  TokenAuthenticator auth;
+  if (!options.auth_token_file.empty() && !TokenAuthenticator::LoadFromFile(options.auth_token_file, &auth, &error)) {
+    spdlog::critical("{}", error);
+    return 2;
+  }
+  CheckpointRoot checkpoints;
+  if (!options.checkpoint_root.empty() && !CheckpointRoot::Open(options.checkpoint_root, &checkpoints, &error)) {
+    spdlog::critical("{}", error);
+    return 2;
+  }
+
+  EngineApi engine = RealEngineApi();
+  Metrics metrics;
+  metrics.SetDeviceSource(engine.list_devices);
+  ServiceConfig config;
+  config.max_sessions = options.max_sessions;
+  config.max_batch_tokens = options.max_batch_tokens;
+  config.max_message_bytes = options.max_message_bytes;
+  config.version = TIGON_VERSION;
+  TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  // Larger requests are refused by gRPC with RESOURCE_EXHAUSTED ("Received message larger than max").
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(-1);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::critical("cannot listen on {}", options.listen);
+    return 2;
+  }
+  const std::string address = HostOf(options.listen) + ":" + std::to_string(port);
+
+  MetricsEndpoint metrics_endpoint(&metrics);
+  std::string metrics_address;
+  if (!options.metrics_listen.empty()) {
+    int metrics_port = 0;
+    if (!metrics_endpoint.Start(options.metrics_listen, &metrics_port, &error)) {
+      spdlog::critical("{}", error);
+      server->Shutdown();
+      return 2;
+    }
+    metrics_address = HostOf(options.metrics_listen) + ":" + std::to_string(metrics_port);
+  }
+
+  server->GetHealthCheckService()->SetServingStatus(true);
+  // Machine-readable start lines on stdout (tests and scripts read the ports from them).
+  std::printf("tigon-server listening on %s\n", address.c_str());
+  if (!metrics_address.empty()) std::printf("tigon-server metrics on http://%s/metrics\n", metrics_address.c_str());
+  std::fflush(stdout);
+  spdlog::info("tigon-server {} (engine {}) listening on {}; model families: {}; devices: {}; auth {}; "
+               "checkpoints {}", TIGON_VERSION, engine.engine_version, address,
+               [&] { std::string s; for (auto& f : engine.model_families) s += (s.empty() ? "" : ",") + f; return s; }(),
+               engine.list_devices().size(), options.auth_token_file.empty() ? "off" : "on",
+               checkpoints.enabled() ? checkpoints.root() : std::string("disabled"));
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("{}: not serving any more; waiting up to {} s for in-flight calls",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.exit_timeout_seconds);
+  std::thread([stop_signals]() mutable {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    spdlog::warn("second stop signal: exiting without draining");
+    std::_Exit(1);
+  }).detach();
+
+  server->GetHealthCheckService()->SetServingStatus(false);
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(options.exit_timeout_seconds * 1000));
+  // Refuses new calls at once; calls still running at the deadline are cancelled, but a handler
+  // already inside the engine finishes its step before Shutdown returns.
+  server->Shutdown(deadline);
+  server->Wait();
+  metrics_endpoint.Stop();
+  service.CloseAllSessions();
+  spdlog::info("tigon-server stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tigon::server::ServerOptions options;
+  std::string error;
+  switch (tigon::server::ParseServerOptions(std::vector<std::string>(argv + 1, argv + argc), &options, &error)) {
+    case tigon::server::ParseOutcome::kExitOk:
+      return 0;
+    case tigon::server::ParseOutcome::kExitError:
+      std::fprintf(stderr, "tigon-server: %s\n", error.c_str());
+      return 2;
+    case tigon::server::ParseOutcome::kRun:
+      break;
+  }
+  ConfigureLogging(options.log_level);
+  return Run(options);
+}

@@ -1,0 +1,558 @@
+#include "server/trainer_service.h"
+
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+#include <system_error>
+
+#include <spdlog/spdlog.h>
+
+#include "server/status_map.h"
+#include "server/validation.h"
+
+namespace tigon::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+grpc::Status Error(grpc::StatusCode code, const std::string& message) {
+  return grpc::Status(code, message);
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void ToProto(const tigon::StepStats& stats, v1::StepResult* out) {
+  out->set_step(stats.step);
+  out->set_loss(stats.loss);
+  out->set_tokens(stats.tokens);
+  out->set_grad_norm(stats.grad_norm);
+  out->set_lr(stats.lr);
+  out->set_wall_seconds(stats.wall_seconds);
+  out->set_tokens_per_second(stats.tokens_per_second);
+  out->set_peak_allocated_bytes(stats.peak_allocated_bytes);
+  out->set_peak_reserved_bytes(stats.peak_reserved_bytes);
+  out->set_accumulated_batches(stats.accumulated_batches);
+}
+
+// Runs `fn` when the scope ends (bookkeeping that must happen on every path, exceptions included).
+template <typename F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F fn) : fn_(std::move(fn)) {}
+  ~ScopeExit() { fn_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  F fn_;
+};
+
+}  // namespace
+
+TrainerService::TrainerService(ServiceConfig config, EngineApi engine, TokenAuthenticator auth,
+                               CheckpointRoot checkpoints, Metrics* metrics)
+    : config_(std::move(config)),
+      engine_(std::move(engine)),
+      auth_(std::move(auth)),
+      checkpoints_(std::move(checkpoints)),
+      metrics_(metrics),
+      started_(Clock::now()),
+      id_rng_(std::random_device{}()) {}
+
+TrainerService::~TrainerService() { CloseAllSessions(); }
+
+grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx,
+                                    const std::function<grpc::Status()>& body) {
+  const auto start = Clock::now();
+  grpc::Status status = auth_.Check(ctx->client_metadata());
+  if (status.ok()) {
+    try {
+      status = body();
+    } catch (const std::exception& e) {
+      status = Error(grpc::StatusCode::INTERNAL, std::string("internal error in ") + method + ": " + e.what());
+    } catch (...) {
+      status = Error(grpc::StatusCode::INTERNAL, std::string("internal error in ") + method);
+    }
+  }
+  const char* code = GrpcCodeName(status.error_code());
+  if (status.ok()) {
+    spdlog::debug("{} OK in {:.4f} s", method, SecondsSince(start));
+  } else if (status.error_code() == grpc::StatusCode::INTERNAL ||
+             status.error_code() == grpc::StatusCode::UNKNOWN) {
+    spdlog::error("{} {}: {}", method, code, status.error_message());
+  } else {
+    spdlog::info("{} {}: {}", method, code, status.error_message());
+  }
+  if (metrics_ != nullptr) metrics_->RecordRpc(method, code);
+  return status;
+}
+
+std::shared_ptr<TrainerService::SessionEntry> TrainerService::Find(const std::string& session_id,
+                                                                   grpc::Status* status) const {
+  if (session_id.empty()) {
+    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty");
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    *status = Error(grpc::StatusCode::NOT_FOUND, "no session '" + session_id + "' on this server");
+    return nullptr;
+  }
+  return it->second;
+}
+
+grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string& session_id,
+                                     std::shared_ptr<SessionEntry>* entry,
+                                     std::unique_lock<std::timed_mutex>* lock) {
+  grpc::Status status;
+  *entry = Find(session_id, &status);
+  if (*entry == nullptr) return status;
+  const auto deadline = ctx->deadline();
+  std::unique_lock<std::timed_mutex> step_lock((*entry)->step_mu, std::defer_lock);
+  if (deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    step_lock.lock();  // no deadline (or one too far away to matter)
+  } else if (!step_lock.try_lock_until(deadline)) {
+    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                 "the deadline passed while the call waited for the previous step of session '" +
+                     session_id + "'; nothing was applied");
+  }
+  if ((*entry)->closed) {
+    return Error(grpc::StatusCode::NOT_FOUND, "session '" + session_id + "' was closed");
+  }
+  if (std::chrono::system_clock::now() >= deadline) {
+    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                 "the deadline passed before the step started; nothing was applied");
+  }
+  if (ctx->IsCancelled()) {
+    return Error(grpc::StatusCode::CANCELLED,
+                 "the call was cancelled before the step started; nothing was applied");
+  }
+  *lock = std::move(step_lock);
+  return grpc::Status::OK;
+}
+
+void TrainerService::RefreshInfo(SessionEntry* entry) {
+  tigon::SessionInfo info = entry->session->Info();
+  std::lock_guard<std::mutex> lock(entry->info_mu);
+  entry->info = std::move(info);
+}
+
+grpc::Status TrainerService::FromEngine(const tigon::Status& status, const SessionEntry& entry) {
+  if (status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
+    metrics_->RecordOutOfMemory(entry.model_family);
+  }
+  return ToGrpcStatus(status);
+}
+
+void TrainerService::ToProto(const SessionEntry& entry, v1::SessionInfo* out) const {
+  tigon::SessionInfo info;
+  {
+    std::lock_guard<std::mutex> lock(entry.info_mu);
+    info = entry.info;
+  }
+  out->set_session_id(entry.id);
+  out->set_model_family(info.model_family);
+  out->set_precision(info.precision);
+  out->set_parameter_count(info.parameter_count);
+  out->set_vocab_size(info.vocab_size);
+  out->set_max_position_embeddings(info.max_position_embeddings);
+  for (const auto& op : info.ops) {
+    auto* selection = out->add_ops();
+    selection->set_op(op.op);
+    selection->set_choice(op.choice);
+    if (op.choice == "fused") out->add_fused_ops(op.op);
+  }
+  for (int device : info.devices) out->add_devices(device);
+  out->set_step(info.step);
+  out->set_accumulated_batches(info.accumulated_batches);
+  auto* optimizer = out->mutable_optimizer();
+  optimizer->set_lr(info.optimizer.lr);
+  optimizer->set_beta1(info.optimizer.beta1);
+  optimizer->set_beta2(info.optimizer.beta2);
+  optimizer->set_eps(info.optimizer.eps);
+  optimizer->set_weight_decay(info.optimizer.weight_decay);
+  optimizer->set_max_grad_norm(info.optimizer.max_grad_norm);
+  out->set_seed(info.seed);
+}
+
+std::string TrainerService::NewSessionId() {
+  for (;;) {
+    std::ostringstream out;
+    out << "s-" << std::hex << std::setw(16) << std::setfill('0') << id_rng_();
+    if (sessions_.count(out.str()) == 0) return out.str();
+  }
+}
+
+int64_t TrainerService::active_sessions() const {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  return static_cast<int64_t>(sessions_.size());
+}
+
+void TrainerService::CloseAllSessions() {
+  std::map<std::string, std::shared_ptr<SessionEntry>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    sessions.swap(sessions_);
+  }
+  for (auto& [id, entry] : sessions) {
+    std::lock_guard<std::timed_mutex> step_lock(entry->step_mu);
+    entry->closed = true;
+    entry->session.reset();
+    if (metrics_ != nullptr) metrics_->SessionClosed(id);
+    spdlog::info("session {} closed at shutdown", id);
+  }
+}
+
+// ---- sessions -------------------------------------------------------------------------------------
+
+grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
+                                           const v1::CreateSessionRequest* request,
+                                           v1::SessionInfo* response) {
+  return Handle("CreateSession", ctx, [&]() -> grpc::Status {
+    tigon::SessionOptions options;
+    const int device_count = static_cast<int>(engine_.list_devices().size());
+    grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options);
+    if (!status.ok()) return status;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      const int64_t in_use = static_cast<int64_t>(sessions_.size()) + sessions_being_created_;
+      if (in_use >= config_.max_sessions) {
+        return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     "server limit: " + std::to_string(in_use) +
+                         " sessions are open or being created, the most this server allows "
+                         "(--max-sessions=" + std::to_string(config_.max_sessions) +
+                         "); close a session first");
+      }
+      ++sessions_being_created_;
+    }
+    ScopeExit release([this] {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      --sessions_being_created_;
+    });
+    if (std::chrono::system_clock::now() >= ctx->deadline()) {
+      return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                   "the deadline passed before the session was created");
+    }
+    const auto start = Clock::now();
+    std::unique_ptr<tigon::Session> session;
+    tigon::Status engine_status = engine_.create_session(options, &session);
+    if (!engine_status.ok()) {
+      if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
+        metrics_->RecordOutOfMemory("unknown");
+      }
+      return ToGrpcStatus(engine_status);
+    }
+    if (session == nullptr) {
+      return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
+    }
+    auto entry = std::make_shared<SessionEntry>();
+    entry->session = std::move(session);
+    RefreshInfo(entry.get());
+    entry->vocab_size = entry->info.vocab_size;
+    entry->max_position_embeddings = entry->info.max_position_embeddings;
+    entry->model_family = entry->info.model_family;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      entry->id = NewSessionId();
+      sessions_[entry->id] = entry;
+    }
+    if (metrics_ != nullptr) metrics_->SessionOpened(entry->id, entry->info);
+    spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id,
+                 entry->info.model_family, entry->info.precision, options.kernels,
+                 entry->info.parameter_count, SecondsSince(start));
+    ToProto(*entry, response);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
+                                        v1::SessionInfo* response) {
+  return Handle("GetSession", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto entry = Find(request->session_id(), &status);
+    if (entry == nullptr) return status;
+    ToProto(*entry, response);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
+                                          v1::ListSessionsResponse* response) {
+  return Handle("ListSessions", ctx, [&]() -> grpc::Status {
+    std::vector<std::shared_ptr<SessionEntry>> entries;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      for (const auto& [id, entry] : sessions_) entries.push_back(entry);
+    }
+    for (const auto& entry : entries) ToProto(*entry, response->add_sessions());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx,
+                                          const v1::CloseSessionRequest* request,
+                                          v1::CloseSessionResponse*) {
+  return Handle("CloseSession", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto entry = Find(request->session_id(), &status);
+    if (entry == nullptr) return status;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      if (sessions_.erase(request->session_id()) == 0) {
+        return Error(grpc::StatusCode::NOT_FOUND, "session '" + request->session_id() + "' was closed");
+      }
+    }
+    // Waits for a running step: the engine session is destroyed only between steps.
+    std::lock_guard<std::timed_mutex> step_lock(entry->step_mu);
+    entry->closed = true;
+    entry->session.reset();
+    if (metrics_ != nullptr) metrics_->SessionClosed(entry->id);
+    spdlog::info("session {} closed", entry->id);
+    return grpc::Status::OK;
+  });
+}
+
+// ---- steps ----------------------------------------------------------------------------------------
+
+grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx,
+                                             const v1::ForwardBackwardRequest* request,
+                                             v1::StepResult* response) {
+  return Handle("ForwardBackward", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto found = Find(request->session_id(), &status);
+    if (found == nullptr) return status;
+    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
+    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
+                                              config_.max_batch_tokens});
+    if (!status.ok()) return status;
+    const tigon::Batch batch = ToEngineBatch(request->batch());
+
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    tigon::StepStats stats;
+    tigon::Status engine_status = entry->session->ForwardBackward(batch, &stats);
+    RefreshInfo(entry.get());
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    tigon::server::ToProto(stats, response);
+    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "ForwardBackward", stats);
+    spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss,
+                  stats.tokens, stats.accumulated_batches);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::OptimStepRequest* request,
+                                       v1::StepResult* response) {
+  return Handle("OptimStep", ctx, [&]() -> grpc::Status {
+    grpc::Status status = ValidateOptimizerSettings(request->optimizer());
+    if (!status.ok()) return status;
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    const std::string& request_id = request->request_id();
+    if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
+      if (hit->method != "OptimStep") {
+        return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                     "request_id '" + request_id + "' was already used by a " + hit->method +
+                         " call on this session");
+      }
+      *response = hit->result;
+      response->set_replayed(true);
+      return grpc::Status::OK;
+    }
+    {
+      std::lock_guard<std::mutex> info_lock(entry->info_mu);
+      if (entry->info.accumulated_batches == 0) {
+        return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                     "no accumulated gradients: call ForwardBackward before OptimStep");
+      }
+    }
+    tigon::StepStats stats;
+    tigon::Status engine_status = entry->session->OptimStep(ToEngineOverrides(request->optimizer()), &stats);
+    RefreshInfo(entry.get());
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    tigon::server::ToProto(stats, response);
+    entry->request_cache.Insert(request_id, "OptimStep", *response);
+    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "OptimStep", stats);
+    spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry->id, stats.step,
+                  stats.grad_norm, stats.lr);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* request,
+                                       v1::StepResult* response) {
+  return Handle("TrainStep", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto found = Find(request->session_id(), &status);
+    if (found == nullptr) return status;
+    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
+    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
+                                              config_.max_batch_tokens});
+    if (!status.ok()) return status;
+    status = ValidateOptimizerSettings(request->optimizer());
+    if (!status.ok()) return status;
+    const tigon::Batch batch = ToEngineBatch(request->batch());
+
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    const std::string& request_id = request->request_id();
+    if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
+      if (hit->method != "TrainStep") {
+        return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                     "request_id '" + request_id + "' was already used by a " + hit->method +
+                         " call on this session");
+      }
+      *response = hit->result;
+      response->set_replayed(true);
+      return grpc::Status::OK;
+    }
+    tigon::StepStats stats;
+    tigon::Status engine_status =
+        entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
+    RefreshInfo(entry.get());
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    tigon::server::ToProto(stats, response);
+    entry->request_cache.Insert(request_id, "TrainStep", *response);
+    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "TrainStep", stats);
+    spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id,
+                  stats.step, stats.loss, stats.tokens, stats.tokens_per_second);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::ForwardRequest* request,
+                                     v1::ForwardResponse* response) {
+  return Handle("Forward", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto found = Find(request->session_id(), &status);
+    if (found == nullptr) return status;
+    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
+    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
+                                              config_.max_batch_tokens});
+    if (!status.ok()) return status;
+    const tigon::Batch batch = ToEngineBatch(request->batch());
+
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    const auto start = Clock::now();
+    tigon::ForwardResult result;
+    tigon::Status engine_status = entry->session->Forward(batch, &result);
+    const double seconds = SecondsSince(start);
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    response->set_loss(result.loss);
+    response->set_tokens(result.tokens);
+    response->set_wall_seconds(seconds);
+    if (request->return_logprobs()) {
+      response->mutable_logprobs()->Assign(result.logprobs.begin(), result.logprobs.end());
+    }
+    if (metrics_ != nullptr) metrics_->RecordForward(entry->id, entry->model_family, result.tokens, seconds);
+    return grpc::Status::OK;
+  });
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------
+
+grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx,
+                                            const v1::SaveCheckpointRequest* request,
+                                            v1::CheckpointResponse* response) {
+  return Handle("SaveCheckpoint", ctx, [&]() -> grpc::Status {
+    std::string absolute, relative;
+    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
+    if (!status.ok()) return status;
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(absolute).parent_path(), ec);
+    if (ec) {
+      return Error(grpc::StatusCode::INTERNAL,
+                   "cannot create the folder for checkpoint '" + relative + "': " + ec.message());
+    }
+    const auto start = Clock::now();
+    tigon::Status engine_status = entry->session->SaveCheckpoint(absolute);
+    RefreshInfo(entry.get());
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    response->set_path(relative);
+    response->set_wall_seconds(SecondsSince(start));
+    {
+      std::lock_guard<std::mutex> info_lock(entry->info_mu);
+      response->set_step(entry->info.step);
+    }
+    spdlog::info("session {} saved checkpoint '{}' at step {}", entry->id, relative, response->step());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx,
+                                            const v1::LoadCheckpointRequest* request,
+                                            v1::CheckpointResponse* response) {
+  return Handle("LoadCheckpoint", ctx, [&]() -> grpc::Status {
+    std::string absolute, relative;
+    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
+    if (!status.ok()) return status;
+    std::error_code ec;
+    if (!std::filesystem::is_directory(absolute, ec)) {
+      return Error(grpc::StatusCode::NOT_FOUND,
+                   "no checkpoint '" + relative + "' under the server's checkpoint root");
+    }
+    std::shared_ptr<SessionEntry> entry;
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    if (!status.ok()) return status;
+    const auto start = Clock::now();
+    tigon::Status engine_status = entry->session->LoadCheckpoint(absolute);
+    RefreshInfo(entry.get());
+    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+    // Results remembered from before the load describe a state the session no longer has.
+    entry->request_cache.Clear();
+    response->set_path(relative);
+    response->set_wall_seconds(SecondsSince(start));
+    {
+      std::lock_guard<std::mutex> info_lock(entry->info_mu);
+      response->set_step(entry->info.step);
+    }
+    spdlog::info("session {} loaded checkpoint '{}' (step {})", entry->id, relative, response->step());
+    return grpc::Status::OK;
+  });
+}
+
+// ---- server ---------------------------------------------------------------------------------------
+
+grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest*,
+                                           v1::ServerInfo* response) {
+  return Handle("GetServerInfo", ctx, [&]() -> grpc::Status {
+    response->set_version(config_.version);
+    response->set_engine_version(engine_.engine_version);
+    for (const auto& family : engine_.model_families) response->add_model_families(family);
+    for (const auto& device : engine_.list_devices()) {
+      auto* out = response->add_devices();
+      out->set_index(device.index);
+      out->set_name(device.name);
+      out->set_total_bytes(device.total_bytes);
+      out->set_free_bytes(device.free_bytes);
+    }
+    auto* limits = response->mutable_limits();
+    limits->set_max_sessions(config_.max_sessions);
+    limits->set_max_batch_tokens(config_.max_batch_tokens);
+    limits->set_max_message_bytes(config_.max_message_bytes);
+    response->set_auth_required(auth_.enabled());
+    response->set_checkpoints_enabled(checkpoints_.enabled());
+    response->set_active_sessions(active_sessions());
+    response->set_uptime_seconds(SecondsSince(started_));
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace tigon::server

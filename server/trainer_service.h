@@ -1,0 +1,109 @@
+// tigon.v1.Trainer: converts requests, checks them, calls the engine and converts the status back.
+//
+// Sessions live in a registry; steps on one session are serialised by its step lock, different
+// sessions run concurrently. GetSession/ListSessions answer from a snapshot taken after each call, so
+// they never wait for a running step.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "server/auth.h"
+#include "server/checkpoint_paths.h"
+#include "server/engine_api.h"
+#include "server/metrics.h"
+#include "server/request_cache.h"
+#include "tigon/engine.h"
+#include "tigon/v1/trainer.grpc.pb.h"
+
+namespace tigon::server {
+
+struct ServiceConfig {
+  int64_t max_sessions = 16;
+  int64_t max_batch_tokens = 262144;
+  int64_t max_message_bytes = 64 << 20;
+  std::string version;  // the server's own version
+};
+
+class TrainerService final : public v1::Trainer::Service {
+ public:
+  TrainerService(ServiceConfig config, EngineApi engine, TokenAuthenticator auth,
+                 CheckpointRoot checkpoints, Metrics* metrics /* may be null */);
+  ~TrainerService() override;
+
+  grpc::Status CreateSession(grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
+                             v1::SessionInfo* response) override;
+  grpc::Status GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
+                          v1::SessionInfo* response) override;
+  grpc::Status ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest* request,
+                            v1::ListSessionsResponse* response) override;
+  grpc::Status CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* request,
+                            v1::CloseSessionResponse* response) override;
+  grpc::Status ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
+                               v1::StepResult* response) override;
+  grpc::Status OptimStep(grpc::ServerContext* ctx, const v1::OptimStepRequest* request,
+                         v1::StepResult* response) override;
+  grpc::Status TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* request,
+                         v1::StepResult* response) override;
+  grpc::Status Forward(grpc::ServerContext* ctx, const v1::ForwardRequest* request,
+                       v1::ForwardResponse* response) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* request,
+                              v1::CheckpointResponse* response) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext* ctx, const v1::LoadCheckpointRequest* request,
+                              v1::CheckpointResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+
+  // Closes every session (used at shutdown, after the server stopped taking calls).
+  void CloseAllSessions();
+  int64_t active_sessions() const;
+
+ private:
+  struct SessionEntry {
+    std::string id;
+    std::timed_mutex step_mu;                 // held for every engine call on this session
+    std::unique_ptr<tigon::Session> session;  // guarded by step_mu
+    bool closed = false;                      // guarded by step_mu
+    RequestCache request_cache;               // guarded by step_mu
+    int64_t vocab_size = 0;                   // fixed at creation
+    int64_t max_position_embeddings = 0;
+    std::string model_family;
+
+    mutable std::mutex info_mu;
+    tigon::SessionInfo info;  // guarded by info_mu; refreshed after every engine call
+  };
+  // Runs `body` after the authorization check; turns exceptions into INTERNAL and records the call.
+  grpc::Status Handle(const char* method, grpc::ServerContext* ctx,
+                      const std::function<grpc::Status()>& body);
+  std::shared_ptr<SessionEntry> Find(const std::string& session_id, grpc::Status* status) const;
+  // Takes the session's step lock, giving up when the call's deadline passes first; then checks that
+  // the session is still open and that the call is still wanted (not cancelled, deadline not passed).
+  grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id,
+                       std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock);
+  void RefreshInfo(SessionEntry* entry);
+  grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
+  void ToProto(const SessionEntry& entry, v1::SessionInfo* out) const;
+  std::string NewSessionId();
+
+  const ServiceConfig config_;
+  const EngineApi engine_;
+  const TokenAuthenticator auth_;
+  const CheckpointRoot checkpoints_;
+  Metrics* const metrics_;
+  const std::chrono::steady_clock::time_point started_;
+
+  mutable std::mutex sessions_mu_;
+  std::map<std::string, std::shared_ptr<SessionEntry>> sessions_;  // guarded by sessions_mu_
+  int64_t sessions_being_created_ = 0;                             // guarded by sessions_mu_
+  std::mt19937_64 id_rng_;                                         // guarded by sessions_mu_
+};
+
+}  // namespace tigon::server

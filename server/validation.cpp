@@ -1,0 +1,264 @@
+#include "server/validation.h"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace tigon::server {
+namespace {
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+// "input_ids[1][5]" for flat index 21 of a [batch, 16] batch.
+std::string Position(const char* field, int64_t index, int64_t seq_len) {
+  std::ostringstream out;
+  out << field << "[" << index / seq_len << "][" << index % seq_len << "]";
+  return out.str();
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+bool OneOf(const std::string& value, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (value == a) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
+  const int64_t rows = batch.batch(), seq_len = batch.seq_len();
+  if (rows <= 0 || seq_len <= 0) {
+    std::ostringstream out;
+    out << "batch and seq_len must be positive (got batch=" << rows << ", seq_len=" << seq_len << ")";
+    return Invalid(out.str());
+  }
+  // Compared one factor at a time first so that the product cannot overflow.
+  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens ||
+      rows * seq_len > limits.max_batch_tokens) {
+    std::ostringstream out;
+    out << "server limit: the batch has " << rows << " x " << seq_len
+        << " tokens, more than the " << limits.max_batch_tokens
+        << " tokens per request this server accepts (--max-batch-tokens)";
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, out.str());
+  }
+  const int64_t tokens = rows * seq_len;
+  if (limits.max_position_embeddings > 0 && seq_len > limits.max_position_embeddings) {
+    std::ostringstream out;
+    out << "seq_len " << seq_len << " is longer than the model's max_position_embeddings "
+        << limits.max_position_embeddings;
+    return Invalid(out.str());
+  }
+  auto check_size = [&](const char* field, int64_t size, bool optional) -> grpc::Status {
+    if (size == tokens || (optional && size == 0)) return grpc::Status::OK;
+    std::ostringstream out;
+    out << field << " has " << size << " values; batch * seq_len = " << rows << " * " << seq_len
+        << " = " << tokens << (optional ? " (or 0 for the default)" : "");
+    return Invalid(out.str());
+  };
+  grpc::Status status = check_size("input_ids", batch.input_ids_size(), false);
+  if (!status.ok()) return status;
+  status = check_size("labels", batch.labels_size(), true);
+  if (!status.ok()) return status;
+  status = check_size("loss_weights", batch.loss_weights_size(), true);
+  if (!status.ok()) return status;
+
+  const int64_t vocab = limits.vocab_size;
+  for (int64_t i = 0; i < tokens; ++i) {
+    const int32_t id = batch.input_ids(static_cast<int>(i));
+    if (id < 0 || id >= vocab) {
+      std::ostringstream out;
+      out << Position("input_ids", i, seq_len) << " = " << id << " is outside the vocabulary [0, "
+          << vocab << ")";
+      return Invalid(out.str());
+    }
+  }
+  const bool explicit_labels = batch.labels_size() > 0;
+  if (explicit_labels) {
+    for (int64_t i = 0; i < tokens; ++i) {
+      const int32_t label = batch.labels(static_cast<int>(i));
+      if (label != tigon::kIgnoreIndex && (label < 0 || label >= vocab)) {
+        std::ostringstream out;
+        out << Position("labels", i, seq_len) << " = " << label << " is outside the vocabulary [0, "
+            << vocab << ") and is not the ignore index " << tigon::kIgnoreIndex;
+        return Invalid(out.str());
+      }
+    }
+  }
+  const bool weighted = batch.loss_weights_size() > 0;
+  if (weighted) {
+    for (int64_t i = 0; i < tokens; ++i) {
+      const float w = batch.loss_weights(static_cast<int>(i));
+      if (!std::isfinite(w) || w < 0.0f) {
+        std::ostringstream out;
+        out << Position("loss_weights", i, seq_len) << " = " << w << " is not a finite value >= 0";
+        return Invalid(out.str());
+      }
+    }
+  }
+  // The loss is a weighted mean over target positions: it needs at least one with a positive weight.
+  double target_weight = 0.0;
+  for (int64_t i = 0; i < tokens; ++i) {
+    const bool is_target = explicit_labels ? batch.labels(static_cast<int>(i)) != tigon::kIgnoreIndex
+                                           : (i % seq_len) != seq_len - 1;
+    if (is_target) target_weight += weighted ? batch.loss_weights(static_cast<int>(i)) : 1.0;
+  }
+  if (target_weight <= 0.0) {
+    if (!explicit_labels) {
+      return Invalid("the batch has no target tokens: with default labels (inputs shifted by one) "
+                     "seq_len must be at least 2");
+    }
+    return Invalid(weighted ? "the batch has no target token with a positive loss weight"
+                            : "the batch has no target tokens: every label is -100");
+  }
+  return grpc::Status::OK;
+}
+
+tigon::Batch ToEngineBatch(const v1::Batch& batch) {
+  tigon::Batch out;
+  out.batch = batch.batch();
+  out.seq_len = batch.seq_len();
+  out.input_ids.assign(batch.input_ids().begin(), batch.input_ids().end());
+  out.labels.assign(batch.labels().begin(), batch.labels().end());
+  out.loss_weights.assign(batch.loss_weights().begin(), batch.loss_weights().end());
+  return out;
+}
+
+grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& s) {
+  auto check = [](bool present, double value, bool ok, const char* name,
+                  const char* rule) -> grpc::Status {
+    if (!present || (std::isfinite(value) && ok)) return grpc::Status::OK;
+    std::ostringstream out;
+    out << "optimizer " << name << " = " << value << " is invalid: it must be " << rule;
+    return Invalid(out.str());
+  };
+  grpc::Status st;
+  if (!(st = check(s.has_lr(), s.lr(), s.lr() >= 0, "lr", "finite and >= 0")).ok()) return st;
+  if (!(st = check(s.has_beta1(), s.beta1(), s.beta1() >= 0 && s.beta1() < 1, "beta1",
+                   "in [0, 1)")).ok())
+    return st;
+  if (!(st = check(s.has_beta2(), s.beta2(), s.beta2() >= 0 && s.beta2() < 1, "beta2",
+                   "in [0, 1)")).ok())
+    return st;
+  if (!(st = check(s.has_eps(), s.eps(), s.eps() > 0, "eps", "finite and > 0")).ok()) return st;
+  if (!(st = check(s.has_weight_decay(), s.weight_decay(), s.weight_decay() >= 0, "weight_decay",
+                   "finite and >= 0")).ok())
+    return st;
+  return check(s.has_max_grad_norm(), s.max_grad_norm(), s.max_grad_norm() >= 0, "max_grad_norm",
+               "finite and >= 0 (0 disables clipping)");
+}
+
+tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& s) {
+  tigon::OptimizerOverrides out;
+  if (s.has_lr()) out.lr = s.lr();
+  if (s.has_beta1()) out.beta1 = s.beta1();
+  if (s.has_beta2()) out.beta2 = s.beta2();
+  if (s.has_eps()) out.eps = s.eps();
+  if (s.has_weight_decay()) out.weight_decay = s.weight_decay();
+  if (s.has_max_grad_norm()) out.max_grad_norm = s.max_grad_norm();
+  return out;
+}
+
+grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
+                                   const std::vector<std::string>& model_families,
+                                   int device_count, tigon::SessionOptions* options) {
+  namespace fs = std::filesystem;
+  switch (request.model_case()) {
+    case v1::CreateSessionRequest::kConfigJson: {
+      nlohmann::json config = nlohmann::json::parse(request.config_json(), nullptr,
+                                                    /*allow_exceptions=*/false);
+      if (config.is_discarded() || !config.is_object()) {
+        return Invalid("config_json is not a JSON object");
+      }
+      auto model_type = config.find("model_type");
+      if (model_type == config.end() || !model_type->is_string()) {
+        return Invalid("config_json has no \"model_type\" string (e.g. \"llama\")");
+      }
+      const std::string family = model_type->get<std::string>();
+      bool supported = false;
+      for (const auto& f : model_families) supported |= (f == family);
+      if (!supported) {
+        return Invalid("model_type \"" + family + "\" is not supported; supported: " +
+                       Join(model_families));
+      }
+      options->config_json = request.config_json();
+      break;
+    }
+    case v1::CreateSessionRequest::kModelPath: {
+      const std::string& path = request.model_path();
+      std::error_code ec;
+      if (path.empty()) return Invalid("model_path is empty");
+      if (!fs::is_directory(path, ec)) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            "model folder '" + path + "' does not exist on the server");
+      }
+      if (!fs::is_regular_file(fs::path(path) / "config.json", ec)) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            "model folder '" + path + "' has no config.json");
+      }
+      options->model_path = path;
+      break;
+    }
+    case v1::CreateSessionRequest::MODEL_NOT_SET:
+      return Invalid("set the model: either config_json (a Hugging Face config with model_type) "
+                     "or model_path (a local Hugging Face folder)");
+  }
+  options->precision = request.precision().empty() ? "bf16" : request.precision();
+  if (!OneOf(options->precision, {"fp32", "bf16", "bf16_mixed"})) {
+    return Invalid("precision \"" + options->precision + "\" is not one of fp32, bf16, bf16_mixed");
+  }
+  options->kernels = request.kernels().empty() ? "fused" : request.kernels();
+  if (!OneOf(options->kernels, {"fused", "reference"})) {
+    return Invalid("kernels \"" + options->kernels + "\" is not one of fused, reference");
+  }
+  for (const auto& [op, choice] : request.kernel_overrides()) {
+    if (op.empty()) return Invalid("kernel_overrides has an empty op name");
+    if (!OneOf(choice, {"fused", "reference"})) {
+      return Invalid("kernel_overrides[\"" + op + "\"] = \"" + choice +
+                     "\" is not one of fused, reference");
+    }
+    options->kernel_overrides[op] = choice;
+  }
+  grpc::Status status = ValidateOptimizerSettings(request.optimizer());
+  if (!status.ok()) return status;
+  tigon::OptimizerOverrides o = ToEngineOverrides(request.optimizer());
+  tigon::OptimizerSettings& settings = options->optimizer;
+  settings.lr = o.lr.value_or(settings.lr);
+  settings.beta1 = o.beta1.value_or(settings.beta1);
+  settings.beta2 = o.beta2.value_or(settings.beta2);
+  settings.eps = o.eps.value_or(settings.eps);
+  settings.weight_decay = o.weight_decay.value_or(settings.weight_decay);
+  settings.max_grad_norm = o.max_grad_norm.value_or(settings.max_grad_norm);
+  options->seed = request.seed();
+  std::set<int> seen;
+  for (int device : request.devices()) {
+    if (device < 0 || device >= device_count) {
+      std::ostringstream out;
+      if (device_count == 0) {
+        out << "device " << device << " does not exist: this server has no CUDA devices (leave "
+            << "devices empty to run on the CPU)";
+      } else {
+        out << "device " << device << " does not exist: this server has CUDA devices 0.."
+            << device_count - 1;
+      }
+      return Invalid(out.str());
+    }
+    if (!seen.insert(device).second) {
+      return Invalid("device " + std::to_string(device) + " is listed twice");
+    }
+    options->devices.push_back(device);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace tigon::server

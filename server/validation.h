@@ -1,0 +1,41 @@
+// Request checks that run before the engine sees a request, and the conversions from the wire types
+// to the engine's. Every refusal says which field was wrong and why.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+
+#include "tigon/engine.h"
+#include "tigon/v1/trainer.pb.h"
+
+namespace tigon::server {
+
+// What a batch is checked against: the session's model and the server's limit.
+struct BatchLimits {
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // 0: no limit from the model
+  int64_t max_batch_tokens = 0;
+};
+
+// Shapes (batch * seq_len values in input_ids, and in labels/loss_weights when given), ids in
+// [0, vocab), labels in [0, vocab) or -100, finite non-negative weights, at least one target token
+// with a positive weight. RESOURCE_EXHAUSTED when batch * seq_len is over --max-batch-tokens;
+// INVALID_ARGUMENT for everything else.
+grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits);
+
+tigon::Batch ToEngineBatch(const v1::Batch& batch);
+
+// lr >= 0, beta1/beta2 in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0, all finite.
+grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& settings);
+tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& settings);
+
+// Checks a CreateSessionRequest against the engine's model families and the device count, and
+// fills the engine's options. NOT_FOUND for a model folder that does not exist.
+grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
+                                   const std::vector<std::string>& model_families,
+                                   int device_count, tigon::SessionOptions* options);
+
+}  // namespace tigon::server
