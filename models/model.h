@@ -48,7 +48,12 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (Qwen2 always; Llama's attention_bias)
-  std::string hidden_act = "silu";
+  bool attention_output_bias = false;  // o_proj bias (Llama's and Gemma's attention_bias; not Qwen2)
+  bool mlp_bias = false;               // gate/up/down biases (Llama's mlp_bias)
+  std::string hidden_act = "silu";     // "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+  double partial_rotary_factor = 1.0;  // fraction of head_dim that RoPE rotates (Phi3)
+  std::vector<int64_t> sliding_window;  // per layer: attention window in tokens, 0 = full causal
+  double initializer_range = 0.02;
   nlohmann::json raw;  // the config as given, written back on save
 
   // Reads a Hugging Face config (transformers 4 `rope_theta`/`rope_scaling` or 5 `rope_parameters`).
@@ -82,11 +87,14 @@ struct NamedParameter {
 
 class DecoderModel {
  public:
-  DecoderModel(ModelConfig config, OpTable ops);
+  // Parameters are allocated with `options` (dtype and device; fp32 on the CPU by default), uninitialised.
+  DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions options = torch::TensorOptions());
 
   const ModelConfig& config() const { return config_; }
   OpTable& ops() { return ops_; }
   const OpTable& ops() const { return ops_; }
+  torch::Dtype dtype() const;
+  torch::Device device() const;
 
   // All trainable parameters in a fixed order. Tied embeddings appear once (as embed_tokens).
   std::vector<NamedParameter>& parameters() { return params_; }
@@ -114,10 +122,15 @@ class DecoderModel {
   std::map<std::string, torch::Tensor> StateDict() const;
 
  private:
+  void AddParameter(const std::string& name, std::vector<int64_t> shape, const torch::TensorOptions& options);
+  const torch::Tensor& param(const std::string& name) const;
+  void CheckTokenIds(const torch::Tensor& ids, const char* what, bool allow_ignore) const;
+
   ModelConfig config_;
   OpTable ops_;
   std::vector<NamedParameter> params_;
   std::map<std::string, size_t> index_;
+  torch::Tensor inv_freq_;  // RoPE inverse frequencies [rotary_dim / 2], fp32 on the CPU
 };
 
 // Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from a local

@@ -1,0 +1,314 @@
+// Hugging Face config.json -> ModelConfig, for transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
+// (`rope_parameters`) configs, with each family's defaults as its transformers config class sets them.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "models/model.h"
+
+namespace tigon::models {
+namespace {
+
+const char* JsonTypeName(const nlohmann::json& value) { return value.type_name(); }
+
+bool Has(const nlohmann::json& json, const char* key) {
+  return json.is_object() && json.contains(key) && !json.at(key).is_null();
+}
+
+int64_t GetInt(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json& value = json.at(key);
+  if (value.is_number_integer() || value.is_number_unsigned()) {
+    return value.get<int64_t>();
+  }
+  // Some configs write integral sizes as 4096.0.
+  if (value.is_number_float()) {
+    const double d = value.get<double>();
+    if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+  }
+  throw ModelError(where + ": field '" + key + "' must be an integer, got " + JsonTypeName(value) + " " +
+                   value.dump());
+}
+
+double GetDouble(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_number()) {
+    throw ModelError(where + ": field '" + key + "' must be a number, got " + JsonTypeName(value) + " " +
+                     value.dump());
+  }
+  return value.get<double>();
+}
+
+bool GetBool(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_boolean()) {
+    throw ModelError(where + ": field '" + key + "' must be a boolean, got " + JsonTypeName(value) + " " +
+                     value.dump());
+  }
+  return value.get<bool>();
+}
+
+std::string GetString(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_string()) {
+    throw ModelError(where + ": field '" + key + "' must be a string, got " + JsonTypeName(value) + " " +
+                     value.dump());
+  }
+  return value.get<std::string>();
+}
+
+int64_t RequireInt(const nlohmann::json& json, const char* key) {
+  if (!Has(json, key)) {
+    throw ModelError("config: missing required field '" + std::string(key) + "'");
+  }
+  return GetInt(json, key, "config");
+}
+
+int64_t IntOr(const nlohmann::json& json, const char* key, int64_t fallback) {
+  return Has(json, key) ? GetInt(json, key, "config") : fallback;
+}
+double DoubleOr(const nlohmann::json& json, const char* key, double fallback, const std::string& where) {
+  return Has(json, key) ? GetDouble(json, key, where) : fallback;
+}
+bool BoolOr(const nlohmann::json& json, const char* key, bool fallback) {
+  return Has(json, key) ? GetBool(json, key, "config") : fallback;
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+void RequirePositive(int64_t value, const char* key) {
+  if (value <= 0) {
+    throw ModelError("config: field '" + std::string(key) + "' must be positive, got " + std::to_string(value));
+  }
+}
+
+// transformers 5: rope_parameters {rope_theta, rope_type, factor, ...}; 4.x: rope_theta at the top and
+// rope_scaling {type|rope_type, factor, ...} or null.
+void ParseRope(const nlohmann::json& json, ModelConfig& config) {
+  nlohmann::json params = nlohmann::json::object();
+  std::string where = "config";
+  if (Has(json, "rope_parameters")) {
+    params = json.at("rope_parameters");
+    where = "config.rope_parameters";
+  } else if (Has(json, "rope_scaling")) {
+    params = json.at("rope_scaling");
+    where = "config.rope_scaling";
+  }
+  if (!params.is_object()) {
+    throw ModelError(where + " must be an object, got " + JsonTypeName(params));
+  }
+  // Per-layer-type nesting (e.g. {"full_attention": {...}}) is a Gemma 3 feature; not supported here.
+  config.rope_theta = Has(params, "rope_theta") ? GetDouble(params, "rope_theta", where)
+                                                : DoubleOr(json, "rope_theta", 10000.0, "config");
+  if (!(config.rope_theta > 0)) {
+    throw ModelError("config: rope_theta must be positive, got " + std::to_string(config.rope_theta));
+  }
+  std::string type = "default";
+  if (Has(params, "rope_type")) {
+    type = GetString(params, "rope_type", where);
+  } else if (Has(params, "type")) {
+    type = GetString(params, "type", where);
+  }
+  if (type != "default" && type != "linear" && type != "llama3") {
+    throw ModelError("config: unsupported rope type '" + type + "' (supported: default, linear, llama3)");
+  }
+  RopeScaling& scaling = config.rope_scaling;
+  scaling.type = type;
+  scaling.factor = DoubleOr(params, "factor", 1.0, where);
+  scaling.low_freq_factor = DoubleOr(params, "low_freq_factor", 1.0, where);
+  scaling.high_freq_factor = DoubleOr(params, "high_freq_factor", 4.0, where);
+  scaling.original_max_position_embeddings =
+      Has(params, "original_max_position_embeddings") ? GetInt(params, "original_max_position_embeddings", where) : 0;
+  if (type != "default" && !(scaling.factor > 0)) {
+    throw ModelError(where + ": rope factor must be positive, got " + std::to_string(scaling.factor));
+  }
+  if (type == "llama3") {
+    if (scaling.original_max_position_embeddings <= 0) {
+      throw ModelError(where + ": llama3 rope scaling needs a positive 'original_max_position_embeddings'");
+    }
+    if (!(scaling.high_freq_factor > scaling.low_freq_factor) || !(scaling.low_freq_factor > 0)) {
+      throw ModelError(where + ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
+    }
+  }
+  config.partial_rotary_factor =
+      Has(params, "partial_rotary_factor") ? GetDouble(params, "partial_rotary_factor", where)
+                                           : DoubleOr(json, "partial_rotary_factor", 1.0, "config");
+  if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1)) {
+    throw ModelError("config: partial_rotary_factor must be in (0, 1], got " +
+                     std::to_string(config.partial_rotary_factor));
+  }
+}
+
+// Mistral: sliding_window (null = full attention). Qwen2: only when use_sliding_window, and then only on
+// the layers that layer_types (or max_window_layers) marks as sliding.
+void ParseSlidingWindow(const nlohmann::json& json, ModelConfig& config) {
+  config.sliding_window.assign(config.num_hidden_layers, 0);
+  if (!Has(json, "sliding_window")) return;
+  const int64_t window = GetInt(json, "sliding_window", "config");
+  if (window <= 0) {
+    throw ModelError("config: field 'sliding_window' must be positive or null, got " + std::to_string(window));
+  }
+  if (config.family == "mistral") {
+    config.sliding_window.assign(config.num_hidden_layers, window);
+  } else if (config.family == "qwen2" && BoolOr(json, "use_sliding_window", false)) {
+    if (Has(json, "layer_types")) {
+      const auto& types = json.at("layer_types");
+      if (!types.is_array() || static_cast<int64_t>(types.size()) != config.num_hidden_layers) {
+        throw ModelError("config: 'layer_types' must list one type per layer (" +
+                         std::to_string(config.num_hidden_layers) + ")");
+      }
+      for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+        if (types[i] == "sliding_attention") config.sliding_window[i] = window;
+      }
+    } else {
+      const int64_t first = IntOr(json, "max_window_layers", 28);
+      for (int64_t i = first; i < config.num_hidden_layers; ++i) config.sliding_window[i] = window;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> SupportedFamilies() { return {"gemma", "llama", "mistral", "phi3", "qwen2"}; }
+
+ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
+  if (!json.is_object()) {
+    throw ModelError(std::string("config: expected a JSON object, got ") + JsonTypeName(json));
+  }
+  ModelConfig config;
+  config.raw = json;
+  if (!Has(json, "model_type")) {
+    throw ModelError("config: missing required field 'model_type' (supported: " + Join(SupportedFamilies()) + ")");
+  }
+  config.family = GetString(json, "model_type", "config");
+  const auto families = SupportedFamilies();
+  if (std::find(families.begin(), families.end(), config.family) == families.end()) {
+    throw ModelError("config: unknown model_type '" + config.family + "' (supported: " + Join(families) + ")");
+  }
+  const bool gemma = config.family == "gemma";
+
+  config.vocab_size = RequireInt(json, "vocab_size");
+  config.hidden_size = RequireInt(json, "hidden_size");
+  config.intermediate_size = RequireInt(json, "intermediate_size");
+  config.num_hidden_layers = RequireInt(json, "num_hidden_layers");
+  config.num_attention_heads = RequireInt(json, "num_attention_heads");
+  RequirePositive(config.vocab_size, "vocab_size");
+  RequirePositive(config.hidden_size, "hidden_size");
+  RequirePositive(config.intermediate_size, "intermediate_size");
+  RequirePositive(config.num_hidden_layers, "num_hidden_layers");
+  RequirePositive(config.num_attention_heads, "num_attention_heads");
+  config.num_key_value_heads = IntOr(json, "num_key_value_heads", config.num_attention_heads);
+  RequirePositive(config.num_key_value_heads, "num_key_value_heads");
+  if (config.num_attention_heads % config.num_key_value_heads != 0) {
+    throw ModelError("config: num_attention_heads (" + std::to_string(config.num_attention_heads) +
+                     ") must be a multiple of num_key_value_heads (" +
+                     std::to_string(config.num_key_value_heads) + ")");
+  }
+  // GemmaConfig defaults head_dim to 256; the others derive it from hidden_size.
+  if (Has(json, "head_dim")) {
+    config.head_dim = GetInt(json, "head_dim", "config");
+  } else if (gemma) {
+    config.head_dim = 256;
+  } else {
+    if (config.hidden_size % config.num_attention_heads != 0) {
+      throw ModelError("config: hidden_size (" + std::to_string(config.hidden_size) +
+                       ") is not divisible by num_attention_heads (" + std::to_string(config.num_attention_heads) +
+                       ") and no head_dim is given");
+    }
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+  RequirePositive(config.head_dim, "head_dim");
+  config.max_position_embeddings = IntOr(json, "max_position_embeddings", 2048);
+  config.rms_norm_eps = DoubleOr(json, "rms_norm_eps", 1e-6, "config");
+  if (!(config.rms_norm_eps >= 0)) throw ModelError("config: rms_norm_eps must be non-negative");
+  config.initializer_range = DoubleOr(json, "initializer_range", 0.02, "config");
+  config.tie_word_embeddings = BoolOr(json, "tie_word_embeddings", gemma);
+
+  const bool attention_bias = BoolOr(json, "attention_bias", false);
+  if (config.family == "qwen2") {
+    config.attention_bias = true;  // Qwen2 hard-codes q/k/v biases and no o_proj bias
+    config.attention_output_bias = false;
+  } else if (config.family == "llama" || gemma) {
+    config.attention_bias = attention_bias;
+    config.attention_output_bias = attention_bias;
+  }
+  if (config.family == "llama") config.mlp_bias = BoolOr(json, "mlp_bias", false);
+
+  // Gemma's activation is `hidden_activation`, falling back to the tanh GELU (as GemmaConfig does when
+  // it is null, even if an old config says hidden_act "gelu").
+  if (gemma) {
+    config.hidden_act = Has(json, "hidden_activation") ? GetString(json, "hidden_activation", "config")
+                                                      : std::string("gelu_pytorch_tanh");
+  } else {
+    config.hidden_act = Has(json, "hidden_act") ? GetString(json, "hidden_act", "config") : std::string("silu");
+  }
+  if (config.hidden_act == "gelu_tanh") config.hidden_act = "gelu_pytorch_tanh";
+  if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh") {
+    throw ModelError("config: unsupported activation '" + config.hidden_act +
+                     "' (supported: silu, gelu_pytorch_tanh)");
+  }
+
+  ParseRope(json, config);
+  const int64_t rotary_dim = static_cast<int64_t>(config.head_dim * config.partial_rotary_factor);
+  if (rotary_dim < 2 || rotary_dim % 2 != 0) {
+    throw ModelError("config: the rotary dimension (head_dim * partial_rotary_factor = " + std::to_string(rotary_dim) +
+                     ") must be a positive even number");
+  }
+  ParseSlidingWindow(json, config);
+  return config;
+}
+
+nlohmann::json ModelConfig::ToJson() const {
+  nlohmann::json json = raw.is_object() ? raw : nlohmann::json::object();
+  json["model_type"] = family;
+  json["vocab_size"] = vocab_size;
+  json["hidden_size"] = hidden_size;
+  json["intermediate_size"] = intermediate_size;
+  json["num_hidden_layers"] = num_hidden_layers;
+  json["num_attention_heads"] = num_attention_heads;
+  json["num_key_value_heads"] = num_key_value_heads;
+  if (json.contains("head_dim") || family == "gemma" || head_dim * num_attention_heads != hidden_size) {
+    json["head_dim"] = head_dim;
+  }
+  json["max_position_embeddings"] = max_position_embeddings;
+  json["rms_norm_eps"] = rms_norm_eps;
+  json["initializer_range"] = initializer_range;
+  json["tie_word_embeddings"] = tie_word_embeddings;
+  if (family == "gemma") {
+    json["hidden_activation"] = hidden_act;
+  } else {
+    json["hidden_act"] = hidden_act;
+  }
+  if (family == "llama" || family == "gemma") json["attention_bias"] = attention_bias;
+  if (family == "llama") json["mlp_bias"] = mlp_bias;
+
+  nlohmann::json rope = nlohmann::json::object();
+  rope["rope_type"] = rope_scaling.type;
+  if (rope_scaling.type != "default") rope["factor"] = rope_scaling.factor;
+  if (rope_scaling.type == "llama3") {
+    rope["low_freq_factor"] = rope_scaling.low_freq_factor;
+    rope["high_freq_factor"] = rope_scaling.high_freq_factor;
+    rope["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  }
+  const bool v4_style = !json.contains("rope_parameters") && json.contains("rope_theta");
+  if (v4_style) {
+    json["rope_theta"] = rope_theta;
+    if (partial_rotary_factor != 1.0 || json.contains("partial_rotary_factor")) {
+      json["partial_rotary_factor"] = partial_rotary_factor;
+    }
+    json["rope_scaling"] = rope_scaling.type == "default" ? nlohmann::json() : rope;
+  } else {
+    rope["rope_theta"] = rope_theta;
+    if (partial_rotary_factor != 1.0 || family == "phi3") rope["partial_rotary_factor"] = partial_rotary_factor;
+    json["rope_parameters"] = rope;
+    json.erase("rope_scaling");
+    json.erase("rope_theta");
+  }
+  return json;
+}
+
+}  // namespace tigon::models

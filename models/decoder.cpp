@@ -1,0 +1,339 @@
+// The decoder: embedding -> N x (RMSNorm, attention, residual, RMSNorm, gated MLP, residual) -> RMSNorm ->
+// lm_head, with each family's differences as parameters (Hugging Face's modeling_{llama,mistral,qwen2,
+// gemma,phi3}.py, eager attention). RMSNorm, RoPE, the gated activation and the lm_head + loss go through
+// the op table; the residual add is fused into the following norm when rms_norm is fused.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops/ops.h"
+#include "kernels/torch_compat.h"
+#include "kernels/reference/reference.h"
+#include "models/attention.h"
+#include "models/model.h"
+#include "models/rotary.h"
+
+namespace tigon::models {
+namespace {
+
+std::string ShapeString(torch::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string LayerPrefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+bool IsNormWeight(const std::string& name) {
+  return name.find("layernorm.weight") != std::string::npos || name == "model.norm.weight";
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions options)
+    : config_(std::move(config)), ops_(std::move(ops)) {
+  for (const auto& op : OpTable::OpNames(config_)) ops_.Get(op);  // throws when the table lacks one
+  const auto dtype = options.dtype().toScalarType();
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) {
+    throw ModelError("model parameters must be float32, bfloat16 or float16, not " +
+                     std::string(c10::toString(dtype)));
+  }
+  if (static_cast<int64_t>(config_.sliding_window.size()) != config_.num_hidden_layers) {
+    config_.sliding_window.resize(config_.num_hidden_layers, 0);
+  }
+  const auto& c = config_;
+  const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
+                kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  const bool phi3 = c.family == "phi3";
+  AddParameter("model.embed_tokens.weight", {c.vocab_size, h}, options);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = LayerPrefix(layer);
+    if (phi3) {
+      AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
+      AddParameter(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h}, options);
+      AddParameter(p + "mlp.gate_up_proj.weight", {2 * inter, h}, options);
+      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
+    } else {
+      const std::pair<const char*, int64_t> projections[] = {{"q_proj", q_dim}, {"k_proj", kv_dim}, {"v_proj", kv_dim}};
+      for (const auto& [name, out] : projections) {
+        AddParameter(p + "self_attn." + name + ".weight", {out, h}, options);
+        if (c.attention_bias) AddParameter(p + "self_attn." + name + ".bias", {out}, options);
+      }
+      AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
+      if (c.attention_output_bias) AddParameter(p + "self_attn.o_proj.bias", {h}, options);
+      for (const char* name : {"gate_proj", "up_proj"}) {
+        AddParameter(p + "mlp." + name + ".weight", {inter, h}, options);
+        if (c.mlp_bias) AddParameter(p + "mlp." + name + ".bias", {inter}, options);
+      }
+      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
+      if (c.mlp_bias) AddParameter(p + "mlp.down_proj.bias", {h}, options);
+    }
+    AddParameter(p + "input_layernorm.weight", {h}, options);
+    AddParameter(p + "post_attention_layernorm.weight", {h}, options);
+  }
+  AddParameter("model.norm.weight", {h}, options);
+  if (!c.tie_word_embeddings) AddParameter("lm_head.weight", {c.vocab_size, h}, options);
+  inv_freq_ = RopeInverseFrequencies(config_);
+}
+
+void DecoderModel::AddParameter(const std::string& name, std::vector<int64_t> shape,
+                                const torch::TensorOptions& options) {
+  index_[name] = params_.size();
+  params_.push_back({name, torch::empty(shape, options).requires_grad_(true)});
+}
+
+torch::Dtype DecoderModel::dtype() const { return params_.front().tensor.scalar_type(); }
+torch::Device DecoderModel::device() const { return params_.front().tensor.device(); }
+
+torch::Tensor& DecoderModel::parameter(const std::string& name) {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw ModelError("no parameter named '" + name + "' in this " + config_.family + " model");
+  return params_[it->second].tensor;
+}
+
+const torch::Tensor& DecoderModel::param(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw ModelError("no parameter named '" + name + "' in this " + config_.family + " model");
+  return params_[it->second].tensor;
+}
+
+void DecoderModel::InitRandom(uint64_t seed, double initializer_range) {
+  // Drawn on the CPU in fp32 in parameter order, then copied: every device and dtype gets the same weights.
+  torch::NoGradGuard no_grad;
+  auto generator = compat::cpu_generator(seed);
+  const double norm_identity = config_.family == "gemma" ? 0.0 : 1.0;  // Gemma scales by (1 + weight)
+  for (auto& [name, tensor] : params_) {
+    if (IsNormWeight(name)) {
+      tensor.fill_(norm_identity);
+    } else if (EndsWith(name, ".bias")) {
+      tensor.zero_();
+    } else {
+      torch::Tensor values = torch::empty(tensor.sizes(), torch::kFloat32);
+      values.normal_(0.0, initializer_range, generator);
+      tensor.copy_(values);
+    }
+  }
+}
+
+void DecoderModel::CheckTokenIds(const torch::Tensor& ids, const char* what, bool allow_ignore) const {
+  if (!ids.defined()) throw ModelError(std::string(what) + " is undefined");
+  if (ids.dim() != 2) {
+    throw ModelError(std::string(what) + " must be [batch, seq_len], got shape " + ShapeString(ids.sizes()));
+  }
+  if (at::isFloatingType(ids.scalar_type()) || ids.scalar_type() == torch::kBool) {
+    throw ModelError(std::string(what) + " must hold integer token ids, got dtype " +
+                     std::string(c10::toString(ids.scalar_type())));
+  }
+  if (ids.numel() == 0) return;
+  torch::Tensor valid = (ids >= 0).logical_and(ids < config_.vocab_size);
+  if (allow_ignore) valid = valid.logical_or(ids == -100);
+  if (!valid.all().item<bool>()) {
+    const int64_t bad = ids.masked_select(valid.logical_not()).to(torch::kCPU)[0].item<int64_t>();
+    throw ModelError(std::string(what) + ": token id " + std::to_string(bad) +
+                     " is outside the vocabulary (vocab_size " + std::to_string(config_.vocab_size) + ")");
+  }
+}
+
+torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
+  CheckTokenIds(input_ids, "input_ids", /*allow_ignore=*/false);
+  const auto& c = config_;
+  const bool fused_norm = ops_.Get("rms_norm") == OpChoice::kFused;
+  const bool fused_rope = ops_.Get("rope") == OpChoice::kFused;
+  const bool geglu = c.hidden_act == "gelu_pytorch_tanh";
+  const bool fused_mlp = ops_.Get(geglu ? "geglu" : "swiglu") == OpChoice::kFused;
+  const bool gemma = c.family == "gemma";
+  const double norm_offset = gemma ? 1.0 : 0.0;
+  const RMSNormCasting casting = gemma ? RMSNormCasting::kGemma : RMSNormCasting::kLlama;
+  const double eps = c.rms_norm_eps;
+
+  auto norm = [&](const torch::Tensor& x, const torch::Tensor& weight) {
+    return fused_norm ? ops::rms_norm(x, weight, eps, norm_offset, casting)
+                      : reference::rms_norm(x, weight, eps, norm_offset, casting);
+  };
+  // (norm(x + residual), x + residual)
+  auto add_norm = [&](const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight) {
+    if (fused_norm) return ops::add_rms_norm(x, residual, weight, eps, norm_offset, casting);
+    torch::Tensor sum = residual + x;
+    return std::make_tuple(reference::rms_norm(sum, weight, eps, norm_offset, casting), sum);
+  };
+  auto linear = [&](const torch::Tensor& x, const std::string& name, bool has_bias) {
+    return has_bias ? at::linear(x, param(name + ".weight"), param(name + ".bias"))
+                    : at::linear(x, param(name + ".weight"));
+  };
+
+  const torch::Tensor ids = input_ids.to(device(), torch::kInt64);
+  const int64_t batch = ids.size(0), seq = ids.size(1);
+  const int64_t hq = c.num_attention_heads, hk = c.num_key_value_heads, d = c.head_dim;
+  torch::Tensor hidden = at::embedding(param("model.embed_tokens.weight"), ids);
+  if (gemma) {
+    // Gemma's normalizer is a tensor in the activation dtype: sqrt(hidden_size) rounded to it.
+    hidden = hidden * torch::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
+                                           torch::TensorOptions().dtype(hidden.scalar_type()).device(hidden.device()));
+  }
+  torch::Tensor cos, sin;
+  std::tie(cos, sin) = RopeCosSin(inv_freq_, seq, dtype(), device());
+  const int64_t rotary_dim = cos.size(-1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  auto rotate = [&](torch::Tensor q, torch::Tensor k) -> std::pair<torch::Tensor, torch::Tensor> {
+    torch::Tensor q_pass, k_pass;
+    if (rotary_dim < d) {  // partial rotary: only the first rotary_dim channels are rotated
+      q_pass = q.narrow(-1, rotary_dim, d - rotary_dim);
+      k_pass = k.narrow(-1, rotary_dim, d - rotary_dim);
+      q = q.narrow(-1, 0, rotary_dim);
+      k = k.narrow(-1, 0, rotary_dim);
+    }
+    auto [q_rot, k_rot] = fused_rope ? ops::rope(q, k, cos, sin) : reference::rope(q, k, cos, sin);
+    if (rotary_dim < d) {
+      q_rot = torch::cat({q_rot, q_pass}, -1);
+      k_rot = torch::cat({k_rot, k_pass}, -1);
+    }
+    return {q_rot, k_rot};
+  };
+
+  torch::Tensor residual = hidden;
+  torch::Tensor normed = norm(hidden, param(LayerPrefix(0) + "input_layernorm.weight"));
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = LayerPrefix(layer);
+    // Attention.
+    torch::Tensor q, k, v;
+    if (c.family == "phi3") {
+      const torch::Tensor qkv = at::linear(normed, param(p + "self_attn.qkv_proj.weight"));
+      q = qkv.narrow(-1, 0, hq * d);
+      k = qkv.narrow(-1, hq * d, hk * d);
+      v = qkv.narrow(-1, (hq + hk) * d, hk * d);
+    } else {
+      q = linear(normed, p + "self_attn.q_proj", c.attention_bias);
+      k = linear(normed, p + "self_attn.k_proj", c.attention_bias);
+      v = linear(normed, p + "self_attn.v_proj", c.attention_bias);
+    }
+    q = q.reshape({batch, seq, hq, d}).transpose(1, 2);
+    k = k.reshape({batch, seq, hk, d}).transpose(1, 2);
+    v = v.reshape({batch, seq, hk, d}).transpose(1, 2);
+    std::tie(q, k) = rotate(q, k);
+    torch::Tensor attn = CausalAttention(q, k, v, scale, c.sliding_window[layer]);
+    attn = attn.transpose(1, 2).reshape({batch, seq, hq * d});
+    attn = linear(attn, p + "self_attn.o_proj", c.attention_output_bias);
+    std::tie(normed, residual) = add_norm(attn, residual, param(p + "post_attention_layernorm.weight"));
+
+    // Gated MLP: down(act(gate(x)) * up(x)).
+    torch::Tensor gate, up;
+    if (c.family == "phi3") {
+      const torch::Tensor gate_up = at::linear(normed, param(p + "mlp.gate_up_proj.weight"));
+      gate = gate_up.narrow(-1, 0, c.intermediate_size);
+      up = gate_up.narrow(-1, c.intermediate_size, c.intermediate_size);
+    } else {
+      gate = linear(normed, p + "mlp.gate_proj", c.mlp_bias);
+      up = linear(normed, p + "mlp.up_proj", c.mlp_bias);
+    }
+    torch::Tensor act = geglu ? (fused_mlp ? ops::geglu(gate, up) : reference::geglu(gate, up))
+                              : (fused_mlp ? ops::swiglu(gate, up) : reference::swiglu(gate, up));
+    torch::Tensor mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);
+    const std::string next_norm =
+        layer + 1 < c.num_hidden_layers ? LayerPrefix(layer + 1) + "input_layernorm.weight" : "model.norm.weight";
+    std::tie(normed, residual) = add_norm(mlp, residual, param(next_norm));
+  }
+  return normed;
+}
+
+torch::Tensor DecoderModel::Logits(const torch::Tensor& input_ids) const {
+  const torch::Tensor hidden = HiddenStates(input_ids);
+  return at::linear(hidden, param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight")).to(torch::kFloat32);
+}
+
+torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                                    const torch::Tensor& loss_weights) const {
+  CheckTokenIds(labels, "labels", /*allow_ignore=*/true);
+  if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
+    throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
+                     (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
+  }
+  if (loss_weights.defined() && loss_weights.sizes() != input_ids.sizes()) {
+    throw ModelError("loss_weights shape " + ShapeString(loss_weights.sizes()) + " does not match input_ids shape " +
+                     ShapeString(input_ids.sizes()));
+  }
+  const torch::Tensor hidden = HiddenStates(input_ids);
+  const int64_t tokens = hidden.size(0) * hidden.size(1);
+  const torch::Tensor flat_hidden = hidden.reshape({tokens, config_.hidden_size});
+  const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
+  const torch::Tensor weights =
+      loss_weights.defined() ? loss_weights.reshape({tokens}).to(device(), torch::kFloat32) : torch::Tensor();
+  CrossEntropyOptions options;
+  options.ignore_index = -100;
+  options.reduction = Reduction::kSum;
+  const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  torch::Tensor loss;
+  if (ops_.Get("fused_linear_cross_entropy") == OpChoice::kFused) {
+    loss = ops::fused_linear_cross_entropy(flat_hidden, lm_head, torch::Tensor(), target, options, weights);
+  } else {
+    // Hugging Face: logits in the model dtype, upcast to fp32 for the loss.
+    const torch::Tensor logits = at::linear(flat_hidden, lm_head).to(torch::kFloat32);
+    loss = reference::cross_entropy(logits, target, options, weights);
+  }
+  return loss.to(torch::kFloat32).reshape({});
+}
+
+torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels) const {
+  torch::NoGradGuard no_grad;
+  CheckTokenIds(labels, "labels", /*allow_ignore=*/true);
+  if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
+    throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
+                     (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
+  }
+  const torch::Tensor hidden = HiddenStates(input_ids);
+  const int64_t tokens = hidden.size(0) * hidden.size(1);
+  const torch::Tensor flat_hidden = hidden.reshape({tokens, config_.hidden_size});
+  const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
+  const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  // About 256 MB of fp32 logits per chunk, so a 128k vocabulary never materialises [tokens, V] at once.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 26) / config_.vocab_size);
+  torch::Tensor out = torch::zeros({tokens}, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
+  for (int64_t start = 0; start < tokens; start += chunk) {
+    const int64_t n = std::min(chunk, tokens - start);
+    const torch::Tensor logits = at::linear(flat_hidden.narrow(0, start, n), lm_head).to(torch::kFloat32);
+    const torch::Tensor t = target.narrow(0, start, n);
+    const torch::Tensor ignored = t == -100;
+    const torch::Tensor safe_target = t.masked_fill(ignored, 0).unsqueeze(1);
+    const torch::Tensor logp = logits.gather(1, safe_target).squeeze(1) - logits.logsumexp(-1);
+    out.narrow(0, start, n).copy_(logp.masked_fill(ignored, 0.0));
+  }
+  return out.reshape(input_ids.sizes());
+}
+
+void DecoderModel::LoadStateDict(const std::map<std::string, torch::Tensor>& tensors) {
+  std::vector<std::string> missing;
+  for (const auto& [name, tensor] : params_) {
+    if (tensors.find(name) == tensors.end()) missing.push_back(name);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) list += ", ...";
+    throw ModelError("missing tensor(s) for this " + config_.family + " model (" + std::to_string(missing.size()) +
+                     " missing): " + list);
+  }
+  for (const auto& [name, tensor] : params_) {
+    const torch::Tensor& source = tensors.at(name);
+    if (source.sizes() != tensor.sizes()) {
+      throw ModelError("tensor '" + name + "': expected shape " + ShapeString(tensor.sizes()) + ", got " +
+                       ShapeString(source.sizes()));
+    }
+    if (!at::isFloatingType(source.scalar_type())) {
+      throw ModelError("tensor '" + name + "': expected a floating-point dtype, got " +
+                       std::string(c10::toString(source.scalar_type())));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : params_) tensor.copy_(tensors.at(name));
+}
+
+std::map<std::string, torch::Tensor> DecoderModel::StateDict() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : params_) out.emplace(name, tensor.detach());
+  return out;
+}
+
+}  // namespace tigon::models
