@@ -1,0 +1,45 @@
+// SwiGLU: y = silu(a) * b on [rows, cols] (launchers; no CUDA or torch headers here).
+//
+// Forward reads a and b, writes y; nothing extra is saved (the op keeps a and b).
+// Backward recomputes the activation: s = sigmoid(a), silu = a s,
+//   da = dy * b * s * (1 + a (1 - s)),   db = dy * silu      (both =; they may alias a and b).
+// Rows have unit stride inside and any row stride between them (a and b may be the two halves of one
+// gate_up projection); fp32 math; 64-bit offsets.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/dtype.h"
+
+namespace tigon::cuda {
+
+// One [rows, cols] operand: pointer and row stride in elements.
+struct GluOperand {
+  const void* data = nullptr;
+  int64_t row_stride = 0;
+};
+struct GluOutput {
+  void* data = nullptr;
+  int64_t row_stride = 0;
+};
+
+struct GluForwardParams {
+  GluOperand a, b;
+  GluOutput y;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kFloat32;  // a, b, y
+};
+
+struct GluBackwardParams {
+  GluOperand dy, a, b;
+  GluOutput da, db;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kFloat32;
+};
+
+LaunchStatus swiglu_forward(const GluForwardParams& params, void* stream);
+LaunchStatus swiglu_backward(const GluBackwardParams& params, void* stream);
+
+}  // namespace tigon::cuda

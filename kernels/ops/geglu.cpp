@@ -1,0 +1,140 @@
+// GeGLU, gelu_tanh(a) * b (GELU with approximate="tanh"), as an autograd function (GeGLUFunction).
+// CUDA tensors go to kernels/cuda/geglu.cu; CPU tensors run the same math here in fp32 (float64 for float64
+// inputs), rounded once.
+// Saved: a and b. Backward recomputes tanh(u) instead of keeping the activation.
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include "kernels/cuda/geglu.h"
+#include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/ops.h"
+
+namespace tigon::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// gelu_tanh(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))).
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kCubic = 0.044715;
+
+torch::ScalarType AccumulateType(torch::ScalarType t) {
+  return t == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(a.dim() >= 1, "tigon::geglu: a needs at least one dim");
+  TORCH_CHECK(a.sizes() == b.sizes(), "tigon::geglu: a ", a.sizes(), " and b ", b.sizes(), " differ");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::geglu: a is ", a.scalar_type(), ", b is ",
+              b.scalar_type());
+  TORCH_CHECK(a.device() == b.device(), "tigon::geglu: a and b on different devices");
+}
+
+torch::Tensor AsRows(const torch::Tensor& t) {
+  auto rows = t.reshape({-1, t.size(-1)});
+  return rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
+// ---- CPU fused path -------------------------------------------------------------------------------------
+
+torch::Tensor GeGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto acc = AccumulateType(a.scalar_type());
+  auto af = a.to(acc);
+  auto t = torch::tanh(kSqrt2OverPi * (af + kCubic * af * af * af));
+  return (0.5 * af * (1.0 + t) * b.to(acc)).to(a.scalar_type());
+}
+
+std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a,
+                                                          const torch::Tensor& b) {
+  const auto acc = AccumulateType(a.scalar_type());
+  auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
+  auto t = torch::tanh(kSqrt2OverPi * (af + kCubic * af * af * af));
+  auto gelu_grad = 0.5 * (1.0 + t) + 0.5 * af * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
+  auto da = dyf * bf * gelu_grad;
+  auto db = dyf * 0.5 * af * (1.0 + t);
+  return {da.to(a.scalar_type()), db.to(b.scalar_type())};
+}
+
+// ---- CUDA path ------------------------------------------------------------------------------------------
+
+#ifdef TIGON_CUDA_KERNELS
+cuda::GluOperand Operand(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
+cuda::GluOutput Output(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
+
+torch::Tensor GeGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
+  auto a2d = AsRows(a), b2d = AsRows(b);
+  auto y = torch::empty({a2d.size(0), a2d.size(1)}, a.options());
+  if (y.numel() == 0) return y.view(a.sizes());
+  cuda::GluForwardParams p;
+  p.a = Operand(a2d);
+  p.b = Operand(b2d);
+  p.y = Output(y);
+  p.rows = a2d.size(0);
+  p.cols = a2d.size(1);
+  p.dtype = CudaDType(a);
+  CheckLaunch(cuda::geglu_forward(p, CurrentCudaStream(a.device())), "geglu_forward");
+  return y.view(a.sizes());
+}
+
+std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a,
+                                                           const torch::Tensor& b) {
+  auto a2d = AsRows(a), b2d = AsRows(b), dy2d = AsRows(dy);
+  auto da = torch::empty({a2d.size(0), a2d.size(1)}, a.options());
+  auto db = torch::empty_like(da);
+  if (da.numel() == 0) return {da.view(a.sizes()), db.view(a.sizes())};
+  cuda::GluBackwardParams p;
+  p.dy = Operand(dy2d);
+  p.a = Operand(a2d);
+  p.b = Operand(b2d);
+  p.da = Output(da);
+  p.db = Output(db);
+  p.rows = a2d.size(0);
+  p.cols = a2d.size(1);
+  p.dtype = CudaDType(a);
+  CheckLaunch(cuda::geglu_backward(p, CurrentCudaStream(a.device())), "geglu_backward");
+  return {da.view(a.sizes()), db.view(a.sizes())};
+}
+#endif  // TIGON_CUDA_KERNELS
+
+// ---- autograd function ----------------------------------------------------------------------------------
+
+class GeGLUFunction : public torch::autograd::Function<GeGLUFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b) {
+    CheckInputs(a, b);
+    c10::OptionalDeviceGuard guard(a.device());
+    ctx->save_for_backward({a, b});
+#ifdef TIGON_CUDA_KERNELS
+    if (a.is_cuda()) return GeGLUForwardCuda(a, b);
+#endif
+    return GeGLUForwardCpu(a, b);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    c10::OptionalDeviceGuard guard(saved[0].device());
+    const auto& dy = grad_outputs[0];
+#ifdef TIGON_CUDA_KERNELS
+    if (dy.is_cuda()) {
+      auto [da, db] = GeGLUBackwardCuda(dy.to(saved[0].scalar_type()), saved[0], saved[1]);
+      return {da, db};
+    }
+#endif
+    auto [da, db] = GeGLUBackwardCpu(dy, saved[0], saved[1]);
+    return {da, db};
+  }
+};
+
+torch::Tensor GeGLUOp(const torch::Tensor& a, const torch::Tensor& b) { return GeGLUFunction::apply(a, b); }
+
+}  // namespace
+
+torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) { return GeGLUOp(a, b); }
+
+}  // namespace tigon::ops
+
+TORCH_LIBRARY_FRAGMENT(tigon, m) { m.def("geglu(Tensor a, Tensor b) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("geglu", &tigon::ops::GeGLUOp); }
