@@ -114,12 +114,12 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
     if (is_target) target_weight += weighted ? batch.loss_weights(static_cast<int>(i)) : 1.0;
   }
   if (target_weight <= 0.0) {
-    if (!explicit_labels) {
+    if (!explicit_labels && seq_len < 2) {
       return Invalid("the batch has no target tokens: with default labels (inputs shifted by one) "
                      "seq_len must be at least 2");
     }
-    return Invalid(weighted ? "the batch has no target token with a positive loss weight"
-                            : "the batch has no target tokens: every label is -100");
+    if (weighted) return Invalid("the batch has no target token with a positive loss weight");
+    return Invalid("the batch has no target tokens: every label is -100");
   }
   return grpc::Status::OK;
 }

@@ -1,0 +1,362 @@
+"""The client: `connect` -> `Client` -> `Session`; every call also exists as `*_async` returning a Future."""
+import json
+import os
+import time
+import uuid
+
+import grpc
+
+from . import _batch
+from .errors import InvalidArgument, TigonError, from_rpc_error
+from .results import CheckpointResult, ForwardResult, ServerInfo, SessionInfo, StepResult
+from .v1 import trainer_pb2 as pb
+from .v1 import trainer_pb2_grpc as pb_grpc
+
+_OPTIMIZER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm")
+_HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def connect(address, token=None, *, timeout=None, retries=0):
+    """A client for the tigon-server at HOST:PORT.
+
+    token: sent as `authorization: Bearer <token>` on every call (servers started with
+      --auth-token-file require it).
+    timeout: default deadline in seconds for each call (None: no deadline); every method also takes
+      `timeout=`.
+    retries: how many times a call that is safe to repeat is retried when the server is UNAVAILABLE
+      (train_step/optim_step carry a request id, so a retry is never applied twice).
+    """
+    return Client(address, token=token, timeout=timeout, retries=retries)
+
+
+def _optimizer_message(message, settings, where):
+    """Copies lr/beta1/beta2/eps/weight_decay/max_grad_norm (and betas=(b1, b2)) into an OptimizerSettings."""
+    settings = dict(settings or {})
+    betas = settings.pop("betas", None)
+    if betas is not None:
+        if len(betas) != 2:
+            raise InvalidArgument(f"{where}: betas must be (beta1, beta2)")
+        settings.setdefault("beta1", betas[0])
+        settings.setdefault("beta2", betas[1])
+    for key, value in settings.items():
+        if key not in _OPTIMIZER_FIELDS:
+            raise InvalidArgument(f"{where}: unknown optimizer setting '{key}' "
+                                  f"(known: {', '.join(_OPTIMIZER_FIELDS)}, betas)")
+        if value is not None:
+            setattr(message, key, float(value))
+
+
+class Future:
+    """The result of an `*_async` call: `result(timeout=None)` returns the typed result or raises the
+    TigonError; also `done()`, `cancel()`, `exception()`, `add_done_callback(fn)`."""
+
+    def __init__(self, grpc_future, convert):
+        self._future = grpc_future
+        self._convert = convert
+
+    def result(self, timeout=None):
+        try:
+            response = self._future.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise TimeoutError("the call has not finished yet") from None
+        except grpc.FutureCancelledError:
+            raise TigonError("the call was cancelled", grpc.StatusCode.CANCELLED) from None
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return self._convert(response)
+
+    def exception(self, timeout=None):
+        try:
+            self.result(timeout)
+        except TimeoutError as error:
+            if isinstance(error, TigonError):
+                return error
+            raise
+        except TigonError as error:
+            return error
+        return None
+
+    def done(self):
+        return self._future.done()
+
+    def cancel(self):
+        return self._future.cancel()
+
+    def cancelled(self):
+        return self._future.cancelled()
+
+    def add_done_callback(self, fn):
+        self._future.add_done_callback(lambda _: fn(self))
+
+
+class Client:
+    def __init__(self, address, token=None, timeout=None, retries=0):
+        self.address = address
+        self._timeout = timeout
+        self._retries = retries
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # The server enforces its own --max-message-bytes; the client does not add a smaller limit.
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+        self._stub = pb_grpc.TrainerStub(self._channel)
+
+    # ---- plumbing ----
+
+    def _deadline(self, timeout):
+        return self._timeout if timeout is None else timeout
+
+    def _call(self, method, request, convert, timeout=None, idempotent=False):
+        rpc = getattr(self._stub, method)
+        attempts = 1 + (self._retries if idempotent else 0)
+        for attempt in range(attempts):
+            try:
+                return convert(rpc(request, timeout=self._deadline(timeout), metadata=self._metadata))
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
+                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                    continue
+                raise from_rpc_error(error) from None
+
+    def _call_async(self, method, request, convert, timeout=None):
+        rpc = getattr(self._stub, method)
+        return Future(rpc.future(request, timeout=self._deadline(timeout), metadata=self._metadata), convert)
+
+    # ---- server ----
+
+    def server_info(self, *, timeout=None):
+        return self._call("GetServerInfo", pb.GetServerInfoRequest(), ServerInfo.from_proto, timeout, True)
+
+    def list_sessions(self, *, timeout=None):
+        return self._call("ListSessions", pb.ListSessionsRequest(),
+                          lambda r: [SessionInfo.from_proto(s) for s in r.sessions], timeout, True)
+
+    def health(self, service="", *, timeout=5.0):
+        """The grpc.health.v1 status of the server: "SERVING", "NOT_SERVING", ... (no token needed)."""
+        check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda s: (b"\x0a" + bytes([len(s)]) + s.encode()) if s else b"",
+            response_deserializer=lambda data: data[1] if len(data) >= 2 and data[0] == 0x08 else 0)
+        try:
+            return _HEALTH_STATUS.get(check(service, timeout=timeout), "UNKNOWN")
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    # ---- sessions ----
+
+    def _create_request(self, model, precision, kernels, optimizer, seed, devices):
+        request = pb.CreateSessionRequest(precision=precision, seed=int(seed))
+        if isinstance(model, dict):
+            if "model_type" not in model:
+                raise InvalidArgument("the model config has no 'model_type' (e.g. 'llama')")
+            request.config_json = json.dumps(model)
+        elif isinstance(model, (str, os.PathLike)):
+            path = os.fspath(model)
+            if os.path.isfile(path) and path.endswith(".json"):
+                with open(path) as f:
+                    request.config_json = f.read()
+            else:
+                # A local folder is sent as an absolute path; anything else is taken as a path on the
+                # server's machine.
+                request.model_path = os.path.abspath(path) if os.path.isdir(path) else path
+        else:
+            raise InvalidArgument("model must be a Hugging Face config dict or a folder path")
+        if isinstance(kernels, str):
+            request.kernels = kernels
+        elif isinstance(kernels, dict):
+            kernels = dict(kernels)
+            request.kernels = kernels.pop("default", "fused")
+            for op, choice in kernels.items():
+                request.kernel_overrides[op] = choice
+        else:
+            raise InvalidArgument("kernels must be 'fused', 'reference' or a dict {op: choice}")
+        _optimizer_message(request.optimizer, optimizer, "create_session")
+        if devices is not None:
+            request.devices.extend([devices] if isinstance(devices, int) else [int(d) for d in devices])
+        return request
+
+    def create_session(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
+                       devices=None, timeout=None):
+        """A new session on the server.
+
+        model: a Hugging Face config dict with "model_type" (random initialisation from `seed`), or the
+          path of a local Hugging Face folder (config.json + safetensors), or a config.json file.
+        precision: "fp32", "bf16" or "bf16_mixed".
+        kernels: "fused", "reference", or {op: choice} with an optional "default" key.
+        optimizer: AdamW defaults: lr, betas=(b1, b2) or beta1/beta2, eps, weight_decay, max_grad_norm.
+        devices: CUDA device indices (None: device 0 when the server has one, else its CPU).
+        """
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices)
+        info = self._call("CreateSession", request, SessionInfo.from_proto, timeout)
+        return Session(self, info)
+
+    def create_session_async(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
+                             devices=None, timeout=None):
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices)
+        return self._call_async("CreateSession", request,
+                                lambda r: Session(self, SessionInfo.from_proto(r)), timeout)
+
+    def session(self, session_id, *, timeout=None):
+        """A handle on an existing session (e.g. one created by another client)."""
+        info = self._call("GetSession", pb.GetSessionRequest(session_id=session_id),
+                          SessionInfo.from_proto, timeout, True)
+        return Session(self, info)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Session:
+    """A training session on the server. Use as a context manager to close it at the end."""
+
+    def __init__(self, client, info):
+        self._client = client
+        self.info_at_creation = info
+        self.id = info.session_id
+
+    @property
+    def vocab_size(self):
+        return self.info_at_creation.vocab_size
+
+    def __repr__(self):
+        i = self.info_at_creation
+        return f"Session({self.id}, {i.model_family}, {i.precision}, {i.parameter_count} parameters)"
+
+    # ---- requests ----
+
+    def _batch_request(self, cls, input_ids, labels, loss_weights, **fields):
+        request = cls(session_id=self.id, **fields)
+        _batch.fill_batch(request.batch, input_ids, labels, loss_weights)
+        return request
+
+    def _train_request(self, input_ids, labels, loss_weights, request_id, settings):
+        request = self._batch_request(pb.TrainStepRequest, input_ids, labels, loss_weights,
+                                      request_id=request_id or uuid.uuid4().hex)
+        _optimizer_message(request.optimizer, settings, "train_step")
+        return request
+
+    def _optim_request(self, request_id, settings):
+        request = pb.OptimStepRequest(session_id=self.id, request_id=request_id or uuid.uuid4().hex)
+        _optimizer_message(request.optimizer, settings, "optim_step")
+        return request
+
+    def _forward_convert(self, request):
+        batch, seq_len = request.batch.batch, request.batch.seq_len
+        want = request.return_logprobs
+
+        def convert(r):
+            logprobs = _batch.unflatten(r.logprobs, batch, seq_len) if want else None
+            return ForwardResult(loss=r.loss, tokens=r.tokens, logprobs=logprobs, wall_seconds=r.wall_seconds)
+        return convert
+
+    @staticmethod
+    def _settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm):
+        return dict(lr=lr, betas=betas, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                    max_grad_norm=max_grad_norm)
+
+    # ---- steps ----
+
+    def train_step(self, input_ids, labels=None, loss_weights=None, lr=None, *, betas=None, beta1=None,
+                   beta2=None, eps=None, weight_decay=None, max_grad_norm=None, request_id=None,
+                   timeout=None):
+        """Forward, backward and an AdamW step on one batch; optimizer settings given here apply to this
+        step only. labels default to input_ids shifted left by one (-100 = ignored)."""
+        request = self._train_request(input_ids, labels, loss_weights, request_id,
+                                      self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm))
+        return self._client._call("TrainStep", request, StepResult.from_proto, timeout, True)
+
+    def train_step_async(self, input_ids, labels=None, loss_weights=None, lr=None, *, betas=None,
+                         beta1=None, beta2=None, eps=None, weight_decay=None, max_grad_norm=None,
+                         request_id=None, timeout=None):
+        request = self._train_request(input_ids, labels, loss_weights, request_id,
+                                      self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm))
+        return self._client._call_async("TrainStep", request, StepResult.from_proto, timeout)
+
+    def forward_backward(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
+        """Forward and backward; the gradients add to those pending until the next optim_step."""
+        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights)
+        return self._client._call("ForwardBackward", request, StepResult.from_proto, timeout)
+
+    def forward_backward_async(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
+        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights)
+        return self._client._call_async("ForwardBackward", request, StepResult.from_proto, timeout)
+
+    def optim_step(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
+                   max_grad_norm=None, request_id=None, timeout=None):
+        """AdamW over the pending gradients (FailedPrecondition when there are none)."""
+        request = self._optim_request(request_id, self._settings(lr, betas, beta1, beta2, eps, weight_decay,
+                                                                 max_grad_norm))
+        return self._client._call("OptimStep", request, StepResult.from_proto, timeout, True)
+
+    def optim_step_async(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
+                         max_grad_norm=None, request_id=None, timeout=None):
+        request = self._optim_request(request_id, self._settings(lr, betas, beta1, beta2, eps, weight_decay,
+                                                                 max_grad_norm))
+        return self._client._call_async("OptimStep", request, StepResult.from_proto, timeout)
+
+    def forward(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False, timeout=None):
+        """Loss (and per-token log-probabilities with return_logprobs=True), no gradients."""
+        request = self._batch_request(pb.ForwardRequest, input_ids, labels, loss_weights,
+                                      return_logprobs=return_logprobs)
+        return self._client._call("Forward", request, self._forward_convert(request), timeout, True)
+
+    def forward_async(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False,
+                      timeout=None):
+        request = self._batch_request(pb.ForwardRequest, input_ids, labels, loss_weights,
+                                      return_logprobs=return_logprobs)
+        return self._client._call_async("Forward", request, self._forward_convert(request), timeout)
+
+    # ---- checkpoints ----
+
+    def save(self, path, *, timeout=None):
+        """Writes a checkpoint at `path` inside the server's --checkpoint-root."""
+        request = pb.SaveCheckpointRequest(session_id=self.id, path=os.fspath(path))
+        return self._client._call("SaveCheckpoint", request, _checkpoint_result, timeout)
+
+    def save_async(self, path, *, timeout=None):
+        request = pb.SaveCheckpointRequest(session_id=self.id, path=os.fspath(path))
+        return self._client._call_async("SaveCheckpoint", request, _checkpoint_result, timeout)
+
+    def load(self, path, *, timeout=None):
+        """Loads weights, optimizer state and step from `path` inside the server's --checkpoint-root."""
+        request = pb.LoadCheckpointRequest(session_id=self.id, path=os.fspath(path))
+        return self._client._call("LoadCheckpoint", request, _checkpoint_result, timeout)
+
+    def load_async(self, path, *, timeout=None):
+        request = pb.LoadCheckpointRequest(session_id=self.id, path=os.fspath(path))
+        return self._client._call_async("LoadCheckpoint", request, _checkpoint_result, timeout)
+
+    # ---- lifetime ----
+
+    def info(self, *, timeout=None):
+        return self._client._call("GetSession", pb.GetSessionRequest(session_id=self.id),
+                                  SessionInfo.from_proto, timeout, True)
+
+    def info_async(self, *, timeout=None):
+        return self._client._call_async("GetSession", pb.GetSessionRequest(session_id=self.id),
+                                        SessionInfo.from_proto, timeout)
+
+    def close(self, *, timeout=None):
+        self._client._call("CloseSession", pb.CloseSessionRequest(session_id=self.id), lambda r: None, timeout)
+
+    def close_async(self, *, timeout=None):
+        return self._client._call_async("CloseSession", pb.CloseSessionRequest(session_id=self.id),
+                                        lambda r: None, timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.close()
+        except TigonError:
+            pass  # already closed, or the server is gone: nothing left to release
+
+
+def _checkpoint_result(r):
+    return CheckpointResult(path=r.path, step=r.step, wall_seconds=r.wall_seconds)

@@ -1,0 +1,218 @@
+"""Fine-tune a model on a text file through a tigon-server, showing the loss fall.
+
+    python3 -m tigon.finetune --server 127.0.0.1:50051 --text corpus.txt --steps 200
+    python3 -m tigon.finetune --server-bin build/server/tigon-server --text corpus.txt --kernels fused,reference
+
+Text is tokenised as UTF-8 bytes (a vocabulary of 256, which the default model has); --ids reads
+pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Batches are windows of
+seq_len tokens at seeded random offsets; labels are the inputs shifted by one. With several --kernels
+choices the same run (same seed, same batches) is repeated for each, and a comparison is printed.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import tigon
+
+
+def default_config(args):
+    return dict(model_type=args.family, vocab_size=256, hidden_size=args.hidden,
+                intermediate_size=args.intermediate or 2 * args.hidden, num_hidden_layers=args.layers,
+                num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
+                max_position_embeddings=max(args.seq_len, 128), rms_norm_eps=1e-6,
+                tie_word_embeddings=False)
+
+
+def load_tokens(args):
+    if args.text:
+        with open(args.text, "rb") as f:
+            return list(f.read())
+    if args.ids.endswith(".npy"):
+        import numpy as np
+        return [int(x) for x in np.load(args.ids).ravel()]
+    with open(args.ids) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def make_batches(tokens, batch, seq_len, steps, seed):
+    if len(tokens) <= seq_len:
+        raise SystemExit(f"finetune: the data has {len(tokens)} tokens; seq_len {seq_len} needs more")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        starts = [rng.randrange(0, len(tokens) - seq_len + 1) for _ in range(batch)]
+        out.append([tokens[s:s + seq_len] for s in starts])
+    return out
+
+
+class Progress:
+    """A one-line progress bar on a terminal; a line every 10% otherwise."""
+
+    def __init__(self, total, label, stream=sys.stderr):
+        self.total, self.label, self.stream = total, label, stream
+        self.tty = stream.isatty()
+        self.next_report = 0
+
+    def update(self, done, loss, tokens_per_second):
+        text = f"loss {loss:7.4f}  {tokens_per_second:10,.0f} tokens/s"
+        if self.tty:
+            width = 30
+            filled = int(width * done / self.total)
+            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                              f"{done}/{self.total}  {text}")
+            if done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif done >= self.next_report or done == self.total:
+            self.stream.write(f"{self.label} step {done}/{self.total}  {text}\n")
+            self.stream.flush()
+            self.next_report = done + max(1, self.total // 10)
+
+
+def train(client, model, kernels, batches, args):
+    losses, client_seconds, tokens = [], 0.0, 0
+    peak = 0
+    progress = Progress(len(batches), f"{kernels:>9}")
+    smoothed = None
+    with client.create_session(model, precision=args.precision, kernels=kernels, seed=args.seed,
+                               optimizer=dict(lr=args.lr, weight_decay=args.weight_decay,
+                                              max_grad_norm=args.max_grad_norm)) as session:
+        info = session.info_at_creation
+        for i, batch in enumerate(batches):
+            start = time.perf_counter()
+            result = session.train_step(batch)
+            elapsed = time.perf_counter() - start
+            client_seconds += elapsed
+            tokens += result.tokens
+            peak = max(peak, result.peak_memory_bytes)
+            losses.append(result.loss)
+            smoothed = result.loss if smoothed is None else 0.9 * smoothed + 0.1 * result.loss
+            progress.update(i + 1, smoothed, tokens / client_seconds)
+        saved = session.save(args.save) if args.save else None
+    k = max(1, min(10, len(losses) // 5))
+    return dict(kernels=kernels, model_family=info.model_family, parameters=info.parameter_count,
+                fused_ops=info.fused_ops, steps=len(losses), first_loss=sum(losses[:k]) / k,
+                last_loss=sum(losses[-k:]) / k, tokens=tokens, seconds=client_seconds,
+                tokens_per_second=tokens / client_seconds, peak_memory_bytes=peak,
+                checkpoint=saved.path if saved else None, losses=losses)
+
+
+def start_local_server(binary, log_path):
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--metrics-listen=off"],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    for line in proc.stdout:
+        m = re.match(r"tigon-server listening on (\S+)", line)
+        if m:
+            return proc, m.group(1)
+    raise SystemExit(f"finetune: {binary} did not start; see {log_path}")
+
+
+def print_summary(runs, stream=sys.stdout):
+    print("\nsummary", file=stream)
+    print(f"  {'kernels':<10} {'steps':>6} {'first loss':>11} {'last loss':>10} {'tokens/s':>12} "
+          f"{'peak memory':>12}", file=stream)
+    for r in runs:
+        memory = f"{r['peak_memory_bytes'] / 2**20:,.1f} MiB" if r["peak_memory_bytes"] else "n/a (CPU)"
+        print(f"  {r['kernels']:<10} {r['steps']:>6} {r['first_loss']:>11.4f} {r['last_loss']:>10.4f} "
+              f"{r['tokens_per_second']:>12,.0f} {memory:>12}", file=stream)
+    r = runs[0]
+    print(f"  model {r['model_family']}, {r['parameters']:,} parameters; fused ops: "
+          f"{', '.join(r['fused_ops']) or 'none'}", file=stream)
+    if r["checkpoint"]:
+        print(f"  checkpoint saved at '{r['checkpoint']}' under the server's checkpoint root", file=stream)
+    by = {x["kernels"]: x for x in runs}
+    if "fused" in by and "reference" in by:
+        f, ref = by["fused"], by["reference"]
+        line = f"  fused vs reference: {f['tokens_per_second'] / ref['tokens_per_second']:.2f}x tokens/s"
+        if f["peak_memory_bytes"] and ref["peak_memory_bytes"]:
+            line += f", {100 * (1 - f['peak_memory_bytes'] / ref['peak_memory_bytes']):.0f}% less peak memory"
+        print(line, file=stream)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m tigon.finetune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--server", help="HOST:PORT of a running tigon-server")
+    where.add_argument("--server-bin", help="start this tigon-server binary on a free loopback port for the run")
+    ap.add_argument("--token-file", help="file with the bearer token")
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--text", help="a text file, tokenised as UTF-8 bytes")
+    data.add_argument("--ids", help="pre-tokenised ids: whitespace-separated integers or a .npy file")
+    ap.add_argument("--model", help="a Hugging Face config.json or model folder (default: a small byte-level model)")
+    ap.add_argument("--family", default="llama", help="model_type of the default model (default llama)")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--intermediate", type=int, default=0, help="default: 2 * hidden")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--precision", default="auto", help="fp32, bf16, bf16_mixed, or auto: bf16 on a GPU, fp32 on a CPU")
+    ap.add_argument("--kernels", default="fused", help="fused, reference, or both: fused,reference")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", help="checkpoint path (inside the server's --checkpoint-root) written at the end")
+    ap.add_argument("--json", help="write the summary (with every step's loss) to this file")
+    args = ap.parse_args(argv)
+
+    token = None
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = next((line.strip() for line in f if line.strip() and not line.startswith("#")), None)
+    proc = None
+    if args.server_bin:
+        proc, address = start_local_server(args.server_bin, os.environ.get("TIGON_SERVER_LOG", "tigon-server.log"))
+    else:
+        address = args.server
+    try:
+        client = tigon.connect(address, token=token)
+        server = client.server_info()
+        if args.precision == "auto":
+            args.precision = "bf16" if server.devices else "fp32"
+        if args.model:
+            model = args.model
+            if os.path.isfile(args.model):
+                with open(args.model) as f:
+                    model = json.load(f)
+        else:
+            model = default_config(args)
+        tokens = load_tokens(args)
+        vocab = model.get("vocab_size") if isinstance(model, dict) else None
+        if vocab is not None and tokens and max(tokens) >= vocab:
+            raise SystemExit(f"finetune: token id {max(tokens)} is outside the model's vocabulary of {vocab}")
+        batches = make_batches(tokens, args.batch_size, args.seq_len, args.steps, args.seed)
+        devices = ", ".join(f"{d.name} ({d.total_bytes / 2**30:.0f} GiB)" for d in server.devices) or "CPU"
+        print(f"tigon-server {server.version} at {address} on {devices}; {len(tokens):,} tokens; "
+              f"{args.steps} steps of {args.batch_size} x {args.seq_len}; precision {args.precision}",
+              file=sys.stderr)
+        runs = []
+        for kernels in [k.strip() for k in args.kernels.split(",") if k.strip()]:
+            runs.append(train(client, model, kernels, batches, args))
+    except tigon.TigonError as e:
+        raise SystemExit(f"finetune: {e}")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    print_summary(runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1)
+    for r in runs:
+        if not math.isfinite(r["last_loss"]):
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+# Code generated from proto/tigon/v1/*.proto by client/python/generate_proto.sh.

@@ -1,0 +1,551 @@
+// The whole Trainer service in-process (a real gRPC server and channel) against a fake engine: the
+// server-side behaviour that needs no model — registry, limits, serialisation, idempotency,
+// deadlines, auth, checkpoint paths, error mapping and metrics.
+#include "server/trainer_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+namespace tigon::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What the fake sessions did, shared with the test.
+struct FakeEngine {
+  std::atomic<int> sessions_created{0};
+  std::atomic<int> train_steps{0};
+  std::atomic<int> forward_backwards{0};
+  std::atomic<int> optim_steps{0};
+  std::atomic<int> running{0};
+  std::atomic<int> most_running{0};
+  std::atomic<int> step_sleep_ms{0};
+  std::atomic<bool> throw_next{false};
+  std::mutex mu;
+  tigon::Status next_error;  // returned once by the next step
+  std::vector<std::string> saved, loaded;
+};
+
+class FakeSession : public tigon::Session {
+ public:
+  explicit FakeSession(FakeEngine* engine, tigon::SessionOptions options)
+      : engine_(engine), options_(std::move(options)) {}
+
+  tigon::SessionInfo Info() const override {
+    tigon::SessionInfo info;
+    info.model_family = "llama";
+    info.precision = options_.precision;
+    info.parameter_count = 1234;
+    info.vocab_size = 256;
+    info.max_position_embeddings = 64;
+    info.ops = {{"rms_norm", "fused"}, {"swiglu", "reference"}};
+    info.step = step_;
+    info.accumulated_batches = accumulated_;
+    info.optimizer = options_.optimizer;
+    info.seed = options_.seed;
+    return info;
+  }
+  tigon::Status ForwardBackward(const tigon::Batch& batch, tigon::StepStats* stats) override {
+    return Run([&] {
+      ++engine_->forward_backwards;
+      ++accumulated_;
+      stats->loss = 2.5;
+      stats->tokens = batch.batch * (batch.seq_len - 1);
+      stats->accumulated_batches = accumulated_;
+    });
+  }
+  tigon::Status OptimStep(const tigon::OptimizerOverrides& overrides, tigon::StepStats* stats) override {
+    if (accumulated_ == 0) return {tigon::StatusCode::kFailedPrecondition, "engine: no gradients"};
+    return Run([&] {
+      ++engine_->optim_steps;
+      accumulated_ = 0;
+      stats->step = ++step_;
+      stats->lr = overrides.lr.value_or(options_.optimizer.lr);
+      stats->grad_norm = 0.5;
+    });
+  }
+  tigon::Status TrainStep(const tigon::Batch& batch, const tigon::OptimizerOverrides& overrides,
+                          tigon::StepStats* stats) override {
+    return Run([&] {
+      ++engine_->train_steps;
+      stats->step = ++step_;
+      stats->loss = 3.0 / step_;
+      stats->tokens = batch.batch * (batch.seq_len - 1);
+      stats->lr = overrides.lr.value_or(options_.optimizer.lr);
+      stats->wall_seconds = 0.01;
+      stats->tokens_per_second = 100.0;
+      stats->peak_allocated_bytes = 4096;
+    });
+  }
+  tigon::Status Forward(const tigon::Batch& batch, tigon::ForwardResult* result) override {
+    return Run([&] {
+      result->loss = 1.5;
+      result->tokens = batch.batch * (batch.seq_len - 1);
+      result->logprobs.assign(batch.input_ids.size(), -0.25f);
+    });
+  }
+  tigon::Status SaveCheckpoint(const std::string& dir) override {
+    std::lock_guard<std::mutex> lock(engine_->mu);
+    engine_->saved.push_back(dir);
+    std::filesystem::create_directories(dir);
+    return {};
+  }
+  tigon::Status LoadCheckpoint(const std::string& dir) override {
+    std::lock_guard<std::mutex> lock(engine_->mu);
+    engine_->loaded.push_back(dir);
+    step_ = 100;
+    return {};
+  }
+
+ private:
+  template <typename F>
+  tigon::Status Run(F apply) {
+    int now = ++engine_->running;
+    int seen = engine_->most_running.load();
+    while (now > seen && !engine_->most_running.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(engine_->step_sleep_ms.load()));
+    --engine_->running;
+    if (engine_->throw_next.exchange(false)) throw std::runtime_error("fake engine exploded");
+    {
+      std::lock_guard<std::mutex> lock(engine_->mu);
+      if (!engine_->next_error.ok()) {
+        tigon::Status error = engine_->next_error;
+        engine_->next_error = {};
+        return error;
+      }
+    }
+    apply();
+    return {};
+  }
+
+  FakeEngine* engine_;
+  tigon::SessionOptions options_;
+  int64_t step_ = 0;
+  int64_t accumulated_ = 0;
+};
+
+class TrainerServiceTest : public testing::Test {
+ protected:
+  void Start(ServiceConfig config = {}, TokenAuthenticator auth = {}) {
+    EngineApi api;
+    api.create_session = [this](const tigon::SessionOptions& options, std::unique_ptr<tigon::Session>* out) {
+      ++engine_.sessions_created;
+      *out = std::make_unique<FakeSession>(&engine_, options);
+      return tigon::Status();
+    };
+    api.list_devices = [] { return std::vector<tigon::DeviceInfo>{}; };
+    api.model_families = {"llama"};
+    api.engine_version = "fake-1";
+    config.version = "9.9.9";
+    root_dir_ = std::filesystem::path(testing::TempDir()) / ("tigon_service_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root_dir_);
+    CheckpointRoot root;
+    std::string error;
+    ASSERT_TRUE(CheckpointRoot::Open(root_dir_.string(), &root, &error)) << error;
+    service_ = std::make_unique<TrainerService>(config, api, std::move(auth), root, &metrics_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Trainer::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    service_.reset();
+    std::filesystem::remove_all(root_dir_);
+  }
+
+  std::string Create(grpc::Status* status = nullptr) {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    request.set_precision("fp32");
+    v1::SessionInfo info;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->CreateSession(&ctx, request, &info);
+    if (status != nullptr) *status = s;
+    else EXPECT_TRUE(s.ok()) << s.error_message();
+    return info.session_id();
+  }
+
+  static v1::Batch Batch(int rows = 2, int seq_len = 8, int32_t token = 7) {
+    v1::Batch batch;
+    batch.set_batch(rows);
+    batch.set_seq_len(seq_len);
+    for (int i = 0; i < rows * seq_len; ++i) batch.add_input_ids(token);
+    return batch;
+  }
+
+  grpc::Status Train(const std::string& session, v1::StepResult* result, const std::string& request_id = "",
+                     std::chrono::milliseconds deadline = 0ms, v1::Batch batch = Batch()) {
+    v1::TrainStepRequest request;
+    request.set_session_id(session);
+    *request.mutable_batch() = std::move(batch);
+    request.set_request_id(request_id);
+    grpc::ClientContext ctx;
+    if (deadline.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    return stub_->TrainStep(&ctx, request, result);
+  }
+
+  FakeEngine engine_;
+  Metrics metrics_;
+  std::filesystem::path root_dir_;
+  std::unique_ptr<TrainerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Trainer::Stub> stub_;
+};
+
+TEST_F(TrainerServiceTest, CreateGetListAndClose) {
+  Start();
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->GetSession(&ctx, request, &info).ok());
+    EXPECT_EQ(info.model_family(), "llama");
+    EXPECT_EQ(info.precision(), "fp32");
+    EXPECT_EQ(info.vocab_size(), 256);
+    ASSERT_EQ(info.fused_ops_size(), 1);
+    EXPECT_EQ(info.fused_ops(0), "rms_norm");
+    EXPECT_EQ(info.ops_size(), 2);
+    EXPECT_TRUE(info.optimizer().has_lr());
+  }
+  const std::string second = Create();
+  {
+    grpc::ClientContext ctx;
+    v1::ListSessionsResponse list;
+    ASSERT_TRUE(stub_->ListSessions(&ctx, {}, &list).ok());
+    EXPECT_EQ(list.sessions_size(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CloseSessionRequest request;
+    request.set_session_id(id);
+    v1::CloseSessionResponse response;
+    ASSERT_TRUE(stub_->CloseSession(&ctx, request, &response).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CloseSessionRequest request;
+    request.set_session_id(id);
+    v1::CloseSessionResponse response;
+    EXPECT_EQ(stub_->CloseSession(&ctx, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  v1::StepResult result;
+  EXPECT_EQ(Train(id, &result).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Train(second, &result).ok());
+}
+
+TEST_F(TrainerServiceTest, SessionLimitIsResourceExhaustedUntilOneCloses) {
+  ServiceConfig config;
+  config.max_sessions = 2;
+  Start(config);
+  const std::string first = Create();
+  Create();
+  grpc::Status status;
+  Create(&status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("--max-sessions=2"), std::string::npos) << status.error_message();
+  grpc::ClientContext ctx;
+  v1::CloseSessionRequest request;
+  request.set_session_id(first);
+  v1::CloseSessionResponse response;
+  ASSERT_TRUE(stub_->CloseSession(&ctx, request, &response).ok());
+  Create(&status);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(engine_.sessions_created, 3);
+}
+
+TEST_F(TrainerServiceTest, RetriedRequestIdIsAnsweredWithoutApplyingAgain) {
+  Start();
+  const std::string id = Create();
+  v1::StepResult first, retry, other;
+  ASSERT_TRUE(Train(id, &first, "req-1").ok());
+  ASSERT_TRUE(Train(id, &retry, "req-1").ok());
+  EXPECT_EQ(engine_.train_steps, 1);
+  EXPECT_FALSE(first.replayed());
+  EXPECT_TRUE(retry.replayed());
+  EXPECT_EQ(retry.step(), first.step());
+  EXPECT_DOUBLE_EQ(retry.loss(), first.loss());
+  ASSERT_TRUE(Train(id, &other, "req-2").ok());
+  EXPECT_EQ(other.step(), 2);
+  ASSERT_TRUE(Train(id, &other).ok());  // no id: always applied
+  ASSERT_TRUE(Train(id, &other).ok());
+  EXPECT_EQ(engine_.train_steps, 4);
+
+  // The same id on another method is a client bug, not a retry.
+  grpc::ClientContext ctx;
+  v1::OptimStepRequest optim;
+  optim.set_session_id(id);
+  optim.set_request_id("req-1");
+  v1::StepResult result;
+  auto status = stub_->OptimStep(&ctx, optim, &result);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("already used by a TrainStep"), std::string::npos);
+}
+
+TEST_F(TrainerServiceTest, OptimStepWithoutGradientsIsFailedPrecondition) {
+  Start();
+  const std::string id = Create();
+  v1::OptimStepRequest optim;
+  optim.set_session_id(id);
+  optim.set_request_id("o1");
+  v1::StepResult result;
+  {
+    grpc::ClientContext ctx;
+    auto status = stub_->OptimStep(&ctx, optim, &result);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(status.error_message().find("ForwardBackward"), std::string::npos);
+  }
+  v1::ForwardBackwardRequest fb;
+  fb.set_session_id(id);
+  *fb.mutable_batch() = Batch();
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ForwardBackward(&ctx, fb, &result).ok());
+    EXPECT_EQ(result.accumulated_batches(), i + 1);
+  }
+  {
+    grpc::ClientContext ctx;
+    optim.mutable_optimizer()->set_lr(0.5);
+    ASSERT_TRUE(stub_->OptimStep(&ctx, optim, &result).ok());
+    EXPECT_EQ(result.step(), 1);
+    EXPECT_DOUBLE_EQ(result.lr(), 0.5);
+  }
+  // The failed first attempt with id "o1" was not remembered; the successful one is.
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->OptimStep(&ctx, optim, &result).ok());
+    EXPECT_TRUE(result.replayed());
+  }
+  EXPECT_EQ(engine_.optim_steps, 1);
+}
+
+TEST_F(TrainerServiceTest, BadBatchesNeverReachTheEngine) {
+  Start();
+  const std::string id = Create();
+  v1::StepResult result;
+  auto status = Train(id, &result, "", 0ms, Batch(2, 8, 256));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("outside the vocabulary"), std::string::npos);
+  status = Train(id, &result, "", 0ms, Batch(1, 65));  // max_position_embeddings is 64
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::TrainStepRequest no_batch;
+  no_batch.set_session_id(id);
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub_->TrainStep(&ctx, no_batch, &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(engine_.train_steps, 0);
+  EXPECT_EQ(Train("s-nope", &result).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Train("", &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(TrainerServiceTest, BatchTokenLimitIsResourceExhausted) {
+  ServiceConfig config;
+  config.max_batch_tokens = 15;
+  Start(config);
+  const std::string id = Create();
+  v1::StepResult result;
+  auto status = Train(id, &result);  // 2 x 8 = 16 tokens
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("--max-batch-tokens"), std::string::npos);
+  EXPECT_TRUE(Train(id, &result, "", 0ms, Batch(1, 8)).ok());
+}
+
+TEST_F(TrainerServiceTest, DeadlinePassingWhileQueuedAppliesNothing) {
+  Start();
+  const std::string id = Create();
+  engine_.step_sleep_ms = 600;
+  v1::StepResult slow_result;
+  grpc::Status slow_status;
+  std::thread slow([&] { slow_status = Train(id, &slow_result); });
+  std::this_thread::sleep_for(150ms);  // the slow step holds the session now
+  v1::StepResult result;
+  auto status = Train(id, &result, "queued", 150ms);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  slow.join();
+  ASSERT_TRUE(slow_status.ok()) << slow_status.error_message();
+  engine_.step_sleep_ms = 0;
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(engine_.train_steps, 1);
+  // The id of the refused call was not remembered: a retry is applied.
+  ASSERT_TRUE(Train(id, &result, "queued").ok());
+  EXPECT_FALSE(result.replayed());
+  EXPECT_EQ(result.step(), 2);
+}
+
+TEST_F(TrainerServiceTest, OneSessionIsSerialisedTwoSessionsRunConcurrently) {
+  Start();
+  const std::string a = Create(), b = Create();
+  engine_.step_sleep_ms = 300;
+  auto run_pair = [&](const std::string& first, const std::string& second) {
+    const auto start = std::chrono::steady_clock::now();
+    v1::StepResult r1, r2;
+    grpc::Status s1, s2;
+    std::thread t1([&] { s1 = Train(first, &r1); });
+    std::thread t2([&] { s2 = Train(second, &r2); });
+    t1.join();
+    t2.join();
+    EXPECT_TRUE(s1.ok() && s2.ok());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  engine_.most_running = 0;
+  const double same = run_pair(a, a);
+  EXPECT_EQ(engine_.most_running, 1);
+  EXPECT_GE(same, 0.59);
+  engine_.most_running = 0;
+  const double different = run_pair(a, b);
+  EXPECT_EQ(engine_.most_running, 2);
+  EXPECT_LT(different, 0.55);
+}
+
+TEST_F(TrainerServiceTest, EngineErrorsAreMappedAndTheServerKeepsServing) {
+  Start();
+  const std::string id = Create();
+  v1::StepResult result;
+  {
+    std::lock_guard<std::mutex> lock(engine_.mu);
+    engine_.next_error = tigon::Status(tigon::StatusCode::kResourceExhausted, "device out of memory: needed 3 GiB");
+  }
+  auto status = Train(id, &result);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(), "device out of memory: needed 3 GiB");
+  engine_.throw_next = true;
+  status = Train(id, &result);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_NE(status.error_message().find("fake engine exploded"), std::string::npos);
+  ASSERT_TRUE(Train(id, &result).ok());
+  EXPECT_EQ(result.step(), 1);
+  const std::string text = metrics_.Render();
+  EXPECT_NE(text.find("tigon_out_of_memory_total{model_family=\"llama\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"RESOURCE_EXHAUSTED\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"INTERNAL\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"OK\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_session_loss{session=\"" + id + "\",model_family=\"llama\"} 3"), std::string::npos);
+  EXPECT_NE(text.find("tigon_session_op_fused{session=\"" + id + "\",op=\"rms_norm\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_active_sessions 1"), std::string::npos);
+}
+
+TEST_F(TrainerServiceTest, CloseWaitsForTheRunningStep) {
+  Start();
+  const std::string id = Create();
+  engine_.step_sleep_ms = 400;
+  v1::StepResult result;
+  grpc::Status step_status;
+  std::thread step([&] { step_status = Train(id, &result); });
+  std::this_thread::sleep_for(100ms);
+  grpc::ClientContext ctx;
+  v1::CloseSessionRequest request;
+  request.set_session_id(id);
+  v1::CloseSessionResponse response;
+  ASSERT_TRUE(stub_->CloseSession(&ctx, request, &response).ok());
+  step.join();
+  EXPECT_TRUE(step_status.ok());
+  EXPECT_EQ(engine_.train_steps, 1);
+  EXPECT_NE(metrics_.Render().find("tigon_active_sessions 0"), std::string::npos);
+}
+
+TEST_F(TrainerServiceTest, TokensAreCheckedOnEveryTrainerCall) {
+  Start({}, TokenAuthenticator({"letmein"}));
+  grpc::Status status;
+  Create(&status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(engine_.sessions_created, 0);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer letmein");
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub_->GetServerInfo(&ctx, {}, &info).ok());
+  EXPECT_TRUE(info.auth_required());
+  grpc::ClientContext wrong;
+  wrong.AddMetadata("authorization", "Bearer letmeout");
+  EXPECT_EQ(stub_->GetServerInfo(&wrong, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(TrainerServiceTest, CheckpointsStayInsideTheRoot) {
+  Start();
+  const std::string id = Create();
+  v1::CheckpointResponse response;
+  {
+    grpc::ClientContext ctx;
+    v1::SaveCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path("../escape");
+    EXPECT_EQ(stub_->SaveCheckpoint(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SaveCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path("run/a");
+    ASSERT_TRUE(stub_->SaveCheckpoint(&ctx, request, &response).ok());
+    EXPECT_EQ(response.path(), "run/a");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::LoadCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path("run/missing");
+    EXPECT_EQ(stub_->LoadCheckpoint(&ctx, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::LoadCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path("run/a");
+    ASSERT_TRUE(stub_->LoadCheckpoint(&ctx, request, &response).ok());
+    EXPECT_EQ(response.step(), 100);
+  }
+  std::lock_guard<std::mutex> lock(engine_.mu);
+  ASSERT_EQ(engine_.saved.size(), 1u);
+  EXPECT_EQ(std::filesystem::path(engine_.saved[0]), std::filesystem::canonical(root_dir_) / "run" / "a");
+  EXPECT_EQ(engine_.loaded.size(), 1u);
+}
+
+TEST_F(TrainerServiceTest, ForwardReturnsLogprobsOnlyWhenAsked) {
+  Start();
+  const std::string id = Create();
+  v1::ForwardRequest request;
+  request.set_session_id(id);
+  *request.mutable_batch() = Batch(2, 4);
+  v1::ForwardResponse response;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Forward(&ctx, request, &response).ok());
+    EXPECT_EQ(response.logprobs_size(), 0);
+    EXPECT_DOUBLE_EQ(response.loss(), 1.5);
+  }
+  request.set_return_logprobs(true);
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Forward(&ctx, request, &response).ok());
+  EXPECT_EQ(response.logprobs_size(), 8);
+}
+
+TEST_F(TrainerServiceTest, ServerInfoReportsLimitsAndVersions) {
+  ServiceConfig config;
+  config.max_sessions = 5;
+  config.max_batch_tokens = 77;
+  Start(config);
+  Create();
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub_->GetServerInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.version(), "9.9.9");
+  EXPECT_EQ(info.engine_version(), "fake-1");
+  ASSERT_EQ(info.model_families_size(), 1);
+  EXPECT_EQ(info.limits().max_sessions(), 5);
+  EXPECT_EQ(info.limits().max_batch_tokens(), 77);
+  EXPECT_FALSE(info.auth_required());
+  EXPECT_TRUE(info.checkpoints_enabled());
+  EXPECT_EQ(info.active_sessions(), 1);
+}
+
+}  // namespace
+}  // namespace tigon::server

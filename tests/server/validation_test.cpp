@@ -1,0 +1,227 @@
+#include "server/validation.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace tigon::server {
+namespace {
+
+const BatchLimits kLimits{/*vocab_size=*/256, /*max_position_embeddings=*/128, /*max_batch_tokens=*/1024};
+
+v1::Batch MakeBatch(int64_t rows, int64_t seq_len) {
+  v1::Batch batch;
+  batch.set_batch(rows);
+  batch.set_seq_len(seq_len);
+  for (int64_t i = 0; i < rows * seq_len; ++i) batch.add_input_ids(static_cast<int32_t>(i % 256));
+  return batch;
+}
+
+void ExpectRefused(const v1::Batch& batch, grpc::StatusCode code, const std::string& fragment) {
+  auto status = ValidateBatch(batch, kLimits);
+  EXPECT_EQ(status.error_code(), code) << status.error_message();
+  EXPECT_NE(status.error_message().find(fragment), std::string::npos)
+      << "'" << status.error_message() << "' lacks '" << fragment << "'";
+}
+
+TEST(ValidateBatch, AcceptsAWellFormedBatch) {
+  v1::Batch batch = MakeBatch(2, 8);
+  EXPECT_TRUE(ValidateBatch(batch, kLimits).ok());
+  for (int i = 0; i < 16; ++i) batch.add_labels(i == 3 ? -100 : 255);
+  for (int i = 0; i < 16; ++i) batch.add_loss_weights(i == 5 ? 0.0f : 0.5f);
+  EXPECT_TRUE(ValidateBatch(batch, kLimits).ok());
+}
+
+TEST(ValidateBatch, ShapesMustMatch) {
+  ExpectRefused(MakeBatch(0, 8), grpc::StatusCode::INVALID_ARGUMENT, "batch and seq_len must be positive");
+  ExpectRefused(MakeBatch(2, -1), grpc::StatusCode::INVALID_ARGUMENT, "positive");
+  v1::Batch batch = MakeBatch(2, 8);
+  batch.add_input_ids(1);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "input_ids has 17 values");
+  batch = MakeBatch(2, 8);
+  batch.add_labels(1);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "labels has 1 values");
+  batch = MakeBatch(2, 8);
+  for (int i = 0; i < 15; ++i) batch.add_loss_weights(1.0f);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "loss_weights has 15 values");
+}
+
+TEST(ValidateBatch, TokenLimitIsResourceExhaustedAndOverflowSafe) {
+  v1::Batch batch;
+  batch.set_batch(33);
+  batch.set_seq_len(32);  // 1056 > 1024
+  ExpectRefused(batch, grpc::StatusCode::RESOURCE_EXHAUSTED, "--max-batch-tokens");
+  batch.set_batch(int64_t{1} << 40);
+  batch.set_seq_len(int64_t{1} << 40);  // the product overflows int64
+  ExpectRefused(batch, grpc::StatusCode::RESOURCE_EXHAUSTED, "server limit");
+}
+
+TEST(ValidateBatch, SequenceLongerThanTheModelIsInvalid) {
+  ExpectRefused(MakeBatch(1, 129), grpc::StatusCode::INVALID_ARGUMENT, "max_position_embeddings 128");
+}
+
+TEST(ValidateBatch, IdsAndLabelsOutsideTheVocabularyNameThePosition) {
+  v1::Batch batch = MakeBatch(2, 8);
+  batch.set_input_ids(13, 256);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "input_ids[1][5] = 256 is outside the vocabulary [0, 256)");
+  batch.set_input_ids(13, -1);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "input_ids[1][5] = -1");
+  batch = MakeBatch(2, 8);
+  for (int i = 0; i < 16; ++i) batch.add_labels(i == 2 ? -99 : 1);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "labels[0][2] = -99");
+}
+
+TEST(ValidateBatch, WeightsMustBeFiniteAndNonNegative) {
+  for (float bad : {-0.5f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    v1::Batch batch = MakeBatch(1, 4);
+    for (int i = 0; i < 4; ++i) batch.add_loss_weights(i == 2 ? bad : 1.0f);
+    ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "loss_weights[0][2]");
+  }
+}
+
+TEST(ValidateBatch, ABatchWithoutTargetsIsInvalid) {
+  ExpectRefused(MakeBatch(3, 1), grpc::StatusCode::INVALID_ARGUMENT, "seq_len must be at least 2");
+  v1::Batch batch = MakeBatch(1, 4);
+  for (int i = 0; i < 4; ++i) batch.add_labels(-100);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "every label is -100");
+  batch = MakeBatch(1, 4);
+  // Default labels: the last position is ignored, so its weight does not count.
+  for (int i = 0; i < 4; ++i) batch.add_loss_weights(i == 3 ? 1.0f : 0.0f);
+  ExpectRefused(batch, grpc::StatusCode::INVALID_ARGUMENT, "positive loss weight");
+}
+
+TEST(ToEngineBatch, CopiesEveryField) {
+  v1::Batch batch = MakeBatch(2, 3);
+  for (int i = 0; i < 6; ++i) batch.add_labels(i == 0 ? -100 : i);
+  for (int i = 0; i < 6; ++i) batch.add_loss_weights(0.25f * i);
+  tigon::Batch out = ToEngineBatch(batch);
+  EXPECT_EQ(out.batch, 2);
+  EXPECT_EQ(out.seq_len, 3);
+  EXPECT_EQ(out.input_ids, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(out.labels, (std::vector<int32_t>{-100, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(out.loss_weights, (std::vector<float>{0, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f}));
+}
+
+TEST(ValidateOptimizerSettings, RefusesOutOfRangeValues) {
+  EXPECT_TRUE(ValidateOptimizerSettings(v1::OptimizerSettings()).ok());
+  v1::OptimizerSettings s;
+  s.set_lr(-1e-3);
+  EXPECT_EQ(ValidateOptimizerSettings(s).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = {};
+  s.set_beta1(1.0);
+  EXPECT_NE(ValidateOptimizerSettings(s).error_message().find("beta1"), std::string::npos);
+  s = {};
+  s.set_beta2(std::nan(""));
+  EXPECT_FALSE(ValidateOptimizerSettings(s).ok());
+  s = {};
+  s.set_eps(0.0);
+  EXPECT_FALSE(ValidateOptimizerSettings(s).ok());
+  s = {};
+  s.set_weight_decay(-0.1);
+  EXPECT_FALSE(ValidateOptimizerSettings(s).ok());
+  s = {};
+  s.set_max_grad_norm(std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(ValidateOptimizerSettings(s).ok());
+  s = {};
+  s.set_lr(0.0);
+  s.set_max_grad_norm(0.0);
+  EXPECT_TRUE(ValidateOptimizerSettings(s).ok());
+  tigon::OptimizerOverrides o = ToEngineOverrides(s);
+  EXPECT_EQ(o.lr, 0.0);
+  EXPECT_EQ(o.max_grad_norm, 0.0);
+  EXPECT_FALSE(o.beta1.has_value());
+}
+
+class ValidateCreateSessionTest : public testing::Test {
+ protected:
+  grpc::Status Validate(const v1::CreateSessionRequest& request, int devices = 0) {
+    options_ = {};
+    return ValidateCreateSession(request, {"llama", "gemma"}, devices, &options_);
+  }
+  v1::CreateSessionRequest Llama() {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama", "vocab_size": 256})");
+    return request;
+  }
+  tigon::SessionOptions options_;
+};
+
+TEST_F(ValidateCreateSessionTest, FillsTheEngineOptions) {
+  v1::CreateSessionRequest request = Llama();
+  request.set_precision("fp32");
+  request.set_kernels("reference");
+  (*request.mutable_kernel_overrides())["rms_norm"] = "fused";
+  request.mutable_optimizer()->set_lr(0.01);
+  request.set_seed(7);
+  request.add_devices(1);
+  ASSERT_TRUE(Validate(request, 2).ok());
+  EXPECT_EQ(options_.config_json, request.config_json());
+  EXPECT_EQ(options_.precision, "fp32");
+  EXPECT_EQ(options_.kernels, "reference");
+  EXPECT_EQ(options_.kernel_overrides.at("rms_norm"), "fused");
+  EXPECT_DOUBLE_EQ(options_.optimizer.lr, 0.01);
+  EXPECT_DOUBLE_EQ(options_.optimizer.beta2, tigon::OptimizerSettings().beta2);
+  EXPECT_EQ(options_.seed, 7u);
+  EXPECT_EQ(options_.devices, std::vector<int>{1});
+}
+
+TEST_F(ValidateCreateSessionTest, EmptyFieldsTakeTheDocumentedDefaults) {
+  ASSERT_TRUE(Validate(Llama()).ok());
+  EXPECT_EQ(options_.precision, "bf16");
+  EXPECT_EQ(options_.kernels, "fused");
+  EXPECT_TRUE(options_.devices.empty());
+}
+
+TEST_F(ValidateCreateSessionTest, BadModelsAreRefused) {
+  v1::CreateSessionRequest request;
+  EXPECT_EQ(Validate(request).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  request.set_config_json("{not json");
+  EXPECT_NE(Validate(request).error_message().find("not a JSON object"), std::string::npos);
+  request.set_config_json(R"({"vocab_size": 3})");
+  EXPECT_NE(Validate(request).error_message().find("model_type"), std::string::npos);
+  request.set_config_json(R"({"model_type": "gpt2"})");
+  auto status = Validate(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("supported: llama, gemma"), std::string::npos) << status.error_message();
+  request.set_model_path("/nonexistent/tigon/model");
+  EXPECT_EQ(Validate(request).error_code(), grpc::StatusCode::NOT_FOUND);
+  const auto folder = std::filesystem::path(testing::TempDir()) / "tigon_empty_model";
+  std::filesystem::create_directories(folder);
+  request.set_model_path(folder.string());
+  status = Validate(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(status.error_message().find("config.json"), std::string::npos);
+  std::ofstream(folder / "config.json") << "{}";
+  EXPECT_TRUE(Validate(request).ok());
+  EXPECT_EQ(options_.model_path, folder.string());
+  std::filesystem::remove_all(folder);
+}
+
+TEST_F(ValidateCreateSessionTest, BadSettingsAreRefused) {
+  auto request = Llama();
+  request.set_precision("fp8");
+  EXPECT_NE(Validate(request).error_message().find("precision"), std::string::npos);
+  request = Llama();
+  request.set_kernels("fast");
+  EXPECT_FALSE(Validate(request).ok());
+  request = Llama();
+  (*request.mutable_kernel_overrides())["rope"] = "maybe";
+  EXPECT_NE(Validate(request).error_message().find("kernel_overrides[\"rope\"]"), std::string::npos);
+  request = Llama();
+  request.mutable_optimizer()->set_eps(-1);
+  EXPECT_FALSE(Validate(request).ok());
+  request = Llama();
+  request.add_devices(0);
+  EXPECT_NE(Validate(request, 0).error_message().find("no CUDA devices"), std::string::npos);
+  request.add_devices(0);
+  EXPECT_NE(Validate(request, 2).error_message().find("listed twice"), std::string::npos);
+  request = Llama();
+  request.add_devices(2);
+  EXPECT_NE(Validate(request, 2).error_message().find("0..1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tigon::server
