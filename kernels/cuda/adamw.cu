@@ -1,0 +1,145 @@
+// AdamW over flat buffers: one grid-stride kernel, 8 elements per thread per step (16-byte loads for
+// bf16/fp16, two for fp32) when every buffer is aligned, scalar otherwise.
+// Floor for 1.2e9 bf16 elements (param, grad, m, v read; param, m, v written): 16.8 GB = 3.9 ms at 4.3 TB/s.
+#include "kernels/cuda/adamw.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+
+namespace tigon::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kN = 8;
+
+__device__ __forceinline__ float aw_to_float(float x) { return x; }
+__device__ __forceinline__ float aw_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float aw_to_float(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T aw_from_float(float x);
+template <> __device__ __forceinline__ float aw_from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 aw_from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half aw_from_float<__half>(float x) { return __float2half_rn(x); }
+
+template <typename T>
+struct alignas(sizeof(T) * kN) Pack8 {
+  T v[kN];
+};
+
+// No copy requested.
+struct NoCopy {};
+
+// One element of torch.optim.AdamW's single-tensor update, in its op order, in fp32.
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWParams& a) {
+  g = g * a.grad_scale;
+  p = p * a.decay_factor;
+  // torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
+  const float w = a.one_minus_beta1;
+  m = w < 0.5f ? m + w * (g - m) : g - (g - m) * (1.f - w);
+  v = v * a.beta2 + a.one_minus_beta2 * g * g;
+  const float denom = sqrtf(v) / a.bias_correction2_sqrt + a.eps;
+  p = p + (-a.step_size) * (m / denom);
+}
+
+template <typename P, typename G, typename S, typename C, bool kVec>
+__global__ void __launch_bounds__(kThreads) adamw_step_kernel(const AdamWParams a) {
+  P* param = static_cast<P*>(a.param);
+  const G* grad = static_cast<const G*>(a.grad);
+  S* exp_avg = static_cast<S*>(a.exp_avg);
+  S* exp_avg_sq = static_cast<S*>(a.exp_avg_sq);
+  C* copy = static_cast<C*>(a.param_copy);
+  constexpr bool kCopy = !std::is_same<C, NoCopy>::value;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t n_packs = kVec ? a.n / kN : 0;
+  for (int64_t i = first; i < n_packs; i += stride) {
+    Pack8<P> p = reinterpret_cast<const Pack8<P>*>(param)[i];
+    const Pack8<G> g = reinterpret_cast<const Pack8<G>*>(grad)[i];
+    Pack8<S> m = reinterpret_cast<const Pack8<S>*>(exp_avg)[i];
+    Pack8<S> v = reinterpret_cast<const Pack8<S>*>(exp_avg_sq)[i];
+    [[maybe_unused]] Pack8<typename std::conditional<kCopy, C, P>::type> c;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      float pf = aw_to_float(p.v[k]), mf = aw_to_float(m.v[k]), vf = aw_to_float(v.v[k]);
+      adamw_update(pf, aw_to_float(g.v[k]), mf, vf, a);
+      p.v[k] = aw_from_float<P>(pf);
+      m.v[k] = aw_from_float<S>(mf);
+      v.v[k] = aw_from_float<S>(vf);
+      if constexpr (kCopy) c.v[k] = aw_from_float<C>(pf);
+    }
+    reinterpret_cast<Pack8<P>*>(param)[i] = p;
+    reinterpret_cast<Pack8<S>*>(exp_avg)[i] = m;
+    reinterpret_cast<Pack8<S>*>(exp_avg_sq)[i] = v;
+    if constexpr (kCopy) reinterpret_cast<Pack8<C>*>(copy)[i] = c;
+  }
+  for (int64_t j = n_packs * kN + first; j < a.n; j += stride) {
+    float pf = aw_to_float(param[j]), mf = aw_to_float(exp_avg[j]), vf = aw_to_float(exp_avg_sq[j]);
+    adamw_update(pf, aw_to_float(grad[j]), mf, vf, a);
+    param[j] = aw_from_float<P>(pf);
+    exp_avg[j] = aw_from_float<S>(mf);
+    exp_avg_sq[j] = aw_from_float<S>(vf);
+    if constexpr (kCopy) copy[j] = aw_from_float<C>(pf);
+  }
+}
+
+bool aligned(const void* p, int64_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+int64_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+template <typename P, typename G, typename S, typename C>
+LaunchStatus launch(const AdamWParams& a, cudaStream_t stream) {
+  const bool vec = aligned(a.param, dtype_size(a.param_dtype) * kN) && aligned(a.grad, dtype_size(a.grad_dtype) * kN) &&
+                   aligned(a.exp_avg, dtype_size(a.state_dtype) * kN) &&
+                   aligned(a.exp_avg_sq, dtype_size(a.state_dtype) * kN) &&
+                   aligned(a.param_copy, dtype_size(a.param_copy_dtype) * kN);
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t work = vec ? (a.n + kN - 1) / kN : a.n;
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  const int64_t max_blocks = static_cast<int64_t>(sms) * 8;  // enough resident warps; the loop covers the rest
+  if (blocks > max_blocks) blocks = max_blocks;
+  if (blocks < 1) blocks = 1;
+  if (vec) adamw_step_kernel<P, G, S, C, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  else adamw_step_kernel<P, G, S, C, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  return static_cast<LaunchStatus>(cudaGetLastError());
+}
+
+template <typename P, typename G, typename S>
+LaunchStatus dispatch_copy(const AdamWParams& a, cudaStream_t stream) {
+  if (a.param_copy == nullptr) return launch<P, G, S, NoCopy>(a, stream);
+  switch (a.param_copy_dtype) {
+    case DType::kFloat32: return launch<P, G, S, float>(a, stream);
+    case DType::kBFloat16: return launch<P, G, S, __nv_bfloat16>(a, stream);
+    case DType::kFloat16: return launch<P, G, S, __half>(a, stream);
+  }
+  return static_cast<LaunchStatus>(cudaErrorInvalidValue);
+}
+
+template <typename P>
+LaunchStatus dispatch_param(const AdamWParams& a, cudaStream_t stream) {
+  const bool grad_fp32 = a.grad_dtype == DType::kFloat32;
+  const bool state_fp32 = a.state_dtype == DType::kFloat32;
+  if (!grad_fp32 && a.grad_dtype != a.param_dtype) return static_cast<LaunchStatus>(cudaErrorInvalidValue);
+  if (!state_fp32 && a.state_dtype != a.param_dtype) return static_cast<LaunchStatus>(cudaErrorInvalidValue);
+  if (grad_fp32) {
+    return state_fp32 ? dispatch_copy<P, float, float>(a, stream) : dispatch_copy<P, float, P>(a, stream);
+  }
+  return state_fp32 ? dispatch_copy<P, P, float>(a, stream) : dispatch_copy<P, P, P>(a, stream);
+}
+
+}  // namespace
+
+LaunchStatus adamw_step(const AdamWParams& params, void* stream) {
+  if (params.n == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (params.param_dtype) {
+    case DType::kFloat32: return dispatch_param<float>(params, s);
+    case DType::kBFloat16: return dispatch_param<__nv_bfloat16>(params, s);
+    case DType::kFloat16: return dispatch_param<__half>(params, s);
+  }
+  return static_cast<LaunchStatus>(cudaErrorInvalidValue);
+}
+
+}  // namespace tigon::cuda
