@@ -172,8 +172,10 @@ tensor_list LayerNormBackwardCuda(const torch::Tensor& dy2d, const torch::Tensor
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
+  // bias travels as an optional: LibTorch 1.13's Function::apply rejects undefined tensor arguments.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias, double eps) {
+                               const c10::optional<torch::Tensor>& maybe_bias, double eps) {
+    const torch::Tensor bias = maybe_bias.has_value() ? *maybe_bias : torch::Tensor();
     CheckInputs(x, weight, bias);
     c10::OptionalDeviceGuard guard(x.device());
     auto x2d = AsRows(x, x.size(-1));
@@ -206,14 +208,15 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 torch::Tensor LayerNormOp(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
                           double eps) {
-  return LayerNormFunction::apply(x, weight, bias.has_value() ? *bias : torch::Tensor(), eps);
+  const bool has_bias = bias.has_value() && bias->defined();
+  return LayerNormFunction::apply(x, weight, has_bias ? bias : c10::optional<torch::Tensor>(), eps);
 }
 
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps) {
-  return LayerNormFunction::apply(x, weight, bias, eps);
+  return LayerNormOp(x, weight, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, eps);
 }
 
 }  // namespace tigon::ops

@@ -1,9 +1,19 @@
 // Hugging Face's eager RMSNorm, op for op (LlamaRMSNorm, GemmaRMSNorm), and the residual add before it.
+// One deliberate difference: where Hugging Face upcasts to float32, float64 inputs stay float64, so that the
+// composition can serve as the float64 oracle in tests (identical for bf16, fp16 and fp32 inputs).
 #include <torch/torch.h>
 
 #include "kernels/reference/reference.h"
 
 namespace tigon::reference {
+namespace {
+
+// Hugging Face's `.to(torch.float32)`, except that float64 is kept.
+torch::ScalarType UpcastType(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+}
+
+}  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, double offset,
                        RMSNormCasting casting) {
@@ -12,7 +22,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
       // LlamaRMSNorm: normalise in fp32, cast back, then `weight * x_hat` (type promotion decides the
       // output dtype, as in Hugging Face).
       const auto input_dtype = x.scalar_type();
-      auto h = x.to(torch::kFloat32);
+      auto h = x.to(UpcastType(x));
       auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
       h = h * torch::rsqrt(variance + eps);
       auto w = offset == 0.0 ? weight : weight + offset;
@@ -20,9 +30,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     }
     case RMSNormCasting::kGemma: {
       // GemmaRMSNorm: everything in fp32 including `(1 + weight)`, cast to the input dtype at the end.
-      auto h = x.to(torch::kFloat32);
+      auto h = x.to(UpcastType(x));
       auto out = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
-      out = out * (weight.to(torch::kFloat32) + offset);
+      out = out * (weight.to(UpcastType(x)) + offset);
       return out.to(x.scalar_type());
     }
     case RMSNormCasting::kNone: {

@@ -1,0 +1,114 @@
+// SwiGLU, silu(a) * b: the fused CPU path (tigon::ops) against Hugging Face's act_fn(gate) * up
+// (tigon::reference), forward and gradients, on odd shapes and on the strided halves of one fused
+// gate_up projection (Phi3's layout).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/ops/ops.h"
+#include "kernels/reference/reference.h"
+
+namespace {
+
+void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double atol, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  auto a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
+  auto excess = (a - e).abs() - (atol + rtol * e.abs());
+  const double worst = excess.max().item<double>();
+  EXPECT_LE(worst, 0.0) << what << ": max |diff| " << (a - e).abs().max().item<double>() << " beyond tolerance by "
+                        << worst;
+}
+
+const std::vector<std::vector<int64_t>> kShapes = {{5, 4095}, {1, 14}, {2, 3, 37}, {1}};
+
+TEST(SwiGLUCpu, ForwardMatchesReference) {
+  torch::manual_seed(401);
+  for (const auto& shape : kShapes) {
+    // Wide range of gate values: silu saturates on both sides.
+    auto a = torch::randn(shape) * 4.0;
+    auto b = torch::randn(shape);
+    ExpectClose(tigon::ops::swiglu(a, b), tigon::reference::swiglu(a.to(torch::kDouble), b.to(torch::kDouble)),
+                // fp32: exp, a divide and two products, a few ulps (1e-5 relative); atol for silu(a) ~ 0.
+                1e-6, 1e-5, "fp32 " + c10::str(c10::IntArrayRef(shape)));
+    auto a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
+    auto fused16 = tigon::ops::swiglu(a16, b16);
+    EXPECT_EQ(fused16.scalar_type(), torch::kBFloat16);
+    // bf16: computed in fp32 from the bf16 inputs and rounded once (2^-8 relative).
+    ExpectClose(fused16, tigon::reference::swiglu(a16.to(torch::kDouble), b16.to(torch::kDouble)), 1e-3, 1e-2,
+                "bf16 " + c10::str(c10::IntArrayRef(shape)));
+  }
+}
+
+TEST(SwiGLUCpu, GradientsMatchReferenceAutogradFloat64) {
+  torch::manual_seed(402);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  for (const auto& shape : kShapes) {
+    auto a = (torch::randn(shape, opts) * 4.0).requires_grad_(true);
+    auto b = torch::randn(shape, opts).requires_grad_(true);
+    auto dy = torch::randn(shape, opts);
+    auto fused = tigon::ops::swiglu(a, b);
+    auto ref = tigon::reference::swiglu(a, b);
+    ExpectClose(fused, ref, 1e-13, 1e-12, "forward");
+    auto g = torch::autograd::grad({fused}, {a, b}, {dy});
+    auto g_ref = torch::autograd::grad({ref}, {a, b}, {dy});
+    ExpectClose(g[0], g_ref[0], 1e-12, 1e-10, "da " + c10::str(c10::IntArrayRef(shape)));
+    ExpectClose(g[1], g_ref[1], 1e-12, 1e-10, "db " + c10::str(c10::IntArrayRef(shape)));
+  }
+}
+
+TEST(SwiGLUCpu, StridedHalvesOfAFusedProjection) {
+  torch::manual_seed(403);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  auto gate_up = torch::randn({6, 2 * 45}, opts).requires_grad_(true);
+  auto halves = gate_up.chunk(2, -1);
+  auto a = halves[0], b = halves[1];
+  ASSERT_FALSE(a.is_contiguous());
+  auto dy = torch::randn({45, 6}, opts).t();  // and a transposed incoming gradient
+  auto fused = tigon::ops::swiglu(a, b);
+  auto ref = tigon::reference::swiglu(a, b);
+  ExpectClose(fused, ref, 1e-13, 1e-12, "strided forward");
+  auto g = torch::autograd::grad({fused}, {gate_up}, {dy});
+  auto g_ref = torch::autograd::grad({ref}, {gate_up}, {dy});
+  ExpectClose(g[0], g_ref[0], 1e-12, 1e-10, "d gate_up");
+}
+
+TEST(SwiGLUCpu, Bf16GradientsWithinTolerance) {
+  torch::manual_seed(404);
+  auto a = (torch::randn({17, 301}) * 3.0).to(torch::kBFloat16).requires_grad_(true);
+  auto b = torch::randn({17, 301}).to(torch::kBFloat16).requires_grad_(true);
+  auto dy = torch::randn({17, 301}).to(torch::kBFloat16);
+  auto ar = a.detach().to(torch::kDouble).requires_grad_(true);
+  auto br = b.detach().to(torch::kDouble).requires_grad_(true);
+  auto g = torch::autograd::grad({tigon::ops::swiglu(a, b)}, {a, b}, {dy});
+  auto g_ref = torch::autograd::grad({tigon::reference::swiglu(ar, br)}, {ar, br}, {dy.to(torch::kDouble)});
+  // fp32 math from bf16 inputs, one rounding of each gradient (2^-8 relative).
+  ExpectClose(g[0], g_ref[0], 1e-3, 1e-2, "bf16 da");
+  ExpectClose(g[1], g_ref[1], 1e-3, 1e-2, "bf16 db");
+}
+
+TEST(SwiGLUCpu, RegisteredTorchOpRunsWithAutograd) {
+  torch::manual_seed(405);
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("tigon::swiglu", "")
+                .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>();
+  auto a = torch::randn({3, 10}, torch::kDouble).requires_grad_(true);
+  auto b = torch::randn({3, 10}, torch::kDouble).requires_grad_(true);
+  auto y = op.call(a, b);
+  auto y_ref = tigon::reference::swiglu(a, b);
+  ExpectClose(y, y_ref, 1e-13, 1e-12, "torch op forward");
+  auto g = torch::autograd::grad({y.sum()}, {a, b});
+  auto g_ref = torch::autograd::grad({y_ref.sum()}, {a, b});
+  ExpectClose(g[0], g_ref[0], 1e-12, 1e-10, "torch op da");
+  ExpectClose(g[1], g_ref[1], 1e-12, 1e-10, "torch op db");
+}
+
+TEST(SwiGLUCpu, RejectsMismatchedInputs) {
+  EXPECT_THROW(tigon::ops::swiglu(torch::randn({2, 3}), torch::randn({2, 4})), c10::Error);
+  EXPECT_THROW(tigon::ops::swiglu(torch::randn({2, 3}), torch::randn({2, 3}).to(torch::kBFloat16)), c10::Error);
+}
+
+}  // namespace
