@@ -17,29 +17,34 @@ constexpr double kTolerance = 1e-4;
 struct ParityCase {
   std::string family;
   bool fused;
+  bool cuda;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
-  return info.param.family + (info.param.fused ? "_fused" : "_reference");
+  return info.param.family + (info.param.fused ? "_fused" : "_reference") + (info.param.cuda ? "_cuda" : "_cpu");
 }
 
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, LogitsLossAndGradientsMatchHuggingFace) {
-  const auto& [family, fused] = GetParam();
+  const auto& [family, fused, cuda] = GetParam();
+  // The CUDA cases exist only in CUDA builds (the GPU machine), where a GPU is expected.
+  if (cuda) ASSERT_TRUE(torch::cuda::is_available()) << "CUDA build without a usable GPU";
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  const char* where = cuda ? "cuda" : "cpu";
   const ModelConfig config = ModelConfig::FromJson(testing::ReadConfig(family));
   const OpTable table = fused ? OpTable::AllFused(config) : OpTable::AllReference(config);
-  auto model = LoadPretrained(FixtureDir(family), &table, torch::kFloat32, torch::kCPU);
+  auto model = LoadPretrained(FixtureDir(family), &table, torch::kFloat32, device);
   const auto expected = ReadSafetensors(FixtureDir(family) + "/expected.safetensors");
-  const torch::Tensor input_ids = expected.at("input_ids");
-  const torch::Tensor labels = expected.at("labels");
+  const torch::Tensor input_ids = expected.at("input_ids").to(device);
+  const torch::Tensor labels = expected.at("labels").to(device);
 
   {
     torch::NoGradGuard no_grad;
     const double logits_error = RelativeError(model->Logits(input_ids), expected.at("logits"));
     EXPECT_LT(logits_error, kTolerance) << family << " logits";
-    std::printf("[parity] %-8s %-9s logits rel err %.3g\n", family.c_str(), fused ? "fused" : "reference",
-                logits_error);
+    std::printf("[parity] %-4s %-8s %-9s logits rel err %.3g\n", where, family.c_str(),
+                fused ? "fused" : "reference", logits_error);
   }
 
   const torch::Tensor loss_sum = model->LossSum(input_ids, labels, {});
@@ -66,15 +71,19 @@ TEST_P(ParityTest, LogitsLossAndGradientsMatchHuggingFace) {
     ++grads_checked;
   }
   EXPECT_GE(grads_checked, 9);
-  std::printf("[parity] %-8s %-9s loss rel err %.3g, %d grads, worst %.3g (%s)\n", family.c_str(),
+  std::printf("[parity] %-4s %-8s %-9s loss rel err %.3g, %d grads, worst %.3g (%s)\n", where, family.c_str(),
               fused ? "fused" : "reference", loss_error, grads_checked, worst, worst_name.c_str());
 }
 
 std::vector<ParityCase> AllCases() {
   std::vector<ParityCase> cases;
   for (const auto& family : testing::Families()) {
-    cases.push_back({family, false});
-    cases.push_back({family, true});
+    cases.push_back({family, false, false});
+    cases.push_back({family, true, false});
+#ifdef TIGON_WITH_CUDA  // a CUDA LibTorch (the GPU machine)
+    cases.push_back({family, false, true});
+    cases.push_back({family, true, true});
+#endif
   }
   return cases;
 }
