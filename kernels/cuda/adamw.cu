@@ -30,16 +30,17 @@ struct alignas(sizeof(T) * kN) Pack8 {
 // No copy requested.
 struct NoCopy {};
 
-// One element of torch.optim.AdamW's single-tensor update, in its op order, in fp32.
+// One element of torch.optim.AdamW's single-tensor update, in its op order, in fp32, with the roundings
+// spelled out (the same as the CPU path): lerp and addcmul as one FMA each, addcdiv as
+// self + (value * t1) / t2, IEEE sqrt and division.
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWParams& a) {
-  g = g * a.grad_scale;
-  p = p * a.decay_factor;
-  // torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
+  g = __fmul_rn(g, a.grad_scale);
+  p = __fmul_rn(p, a.decay_factor);
   const float w = a.one_minus_beta1;
-  m = w < 0.5f ? m + w * (g - m) : g - (g - m) * (1.f - w);
-  v = v * a.beta2 + a.one_minus_beta2 * g * g;
-  const float denom = sqrtf(v) / a.bias_correction2_sqrt + a.eps;
-  p = p + (-a.step_size) * (m / denom);
+  m = w < 0.5f ? fmaf(w, g - m, m) : fmaf(w - 1.f, g - m, g);
+  v = fmaf(__fmul_rn(a.one_minus_beta2, g), g, __fmul_rn(v, a.beta2));
+  const float denom = __fadd_rn(__fdiv_rn(sqrtf(v), a.bias_correction2_sqrt), a.eps);
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(-a.step_size, m), denom));
 }
 
 template <typename P, typename G, typename S, typename C, bool kVec>
@@ -117,16 +118,21 @@ LaunchStatus dispatch_copy(const AdamWParams& a, cudaStream_t stream) {
   return static_cast<LaunchStatus>(cudaErrorInvalidValue);
 }
 
+template <typename P, typename S>
+LaunchStatus dispatch_grad(const AdamWParams& a, cudaStream_t stream) {
+  switch (a.grad_dtype) {
+    case DType::kFloat32: return dispatch_copy<P, float, S>(a, stream);
+    case DType::kBFloat16: return dispatch_copy<P, __nv_bfloat16, S>(a, stream);
+    case DType::kFloat16: return dispatch_copy<P, __half, S>(a, stream);
+  }
+  return static_cast<LaunchStatus>(cudaErrorInvalidValue);
+}
+
 template <typename P>
 LaunchStatus dispatch_param(const AdamWParams& a, cudaStream_t stream) {
-  const bool grad_fp32 = a.grad_dtype == DType::kFloat32;
-  const bool state_fp32 = a.state_dtype == DType::kFloat32;
-  if (!grad_fp32 && a.grad_dtype != a.param_dtype) return static_cast<LaunchStatus>(cudaErrorInvalidValue);
-  if (!state_fp32 && a.state_dtype != a.param_dtype) return static_cast<LaunchStatus>(cudaErrorInvalidValue);
-  if (grad_fp32) {
-    return state_fp32 ? dispatch_copy<P, float, float>(a, stream) : dispatch_copy<P, float, P>(a, stream);
-  }
-  return state_fp32 ? dispatch_copy<P, P, float>(a, stream) : dispatch_copy<P, P, P>(a, stream);
+  if (a.state_dtype == DType::kFloat32) return dispatch_grad<P, float>(a, stream);
+  if (a.state_dtype == a.param_dtype) return dispatch_grad<P, P>(a, stream);
+  return static_cast<LaunchStatus>(cudaErrorInvalidValue);
 }
 
 }  // namespace

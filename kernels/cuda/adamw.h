@@ -21,7 +21,7 @@ struct AdamWParams {
   void* param = nullptr;
   DType param_dtype = DType::kFloat32;
   const void* grad = nullptr;
-  DType grad_dtype = DType::kFloat32;  // param_dtype or kFloat32
+  DType grad_dtype = DType::kFloat32;  // any: bf16 gradients of fp32 master weights are the bf16_mixed case
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   DType state_dtype = DType::kFloat32;  // kFloat32 or param_dtype, both moments alike

@@ -197,7 +197,9 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const C
   const float w = p.token_weights ? p.token_weights[row] : 1.f;
   if (tid == 0) {
     const float mean_x = shared_sum_x / static_cast<float>(V);
-    p.loss[row] = w * ((1.f - eps) * (lse - x_target) + eps * (lse - mean_x) + z * lse * lse);
+    // The smoothing term only when asked for: a -inf (masked) logit makes mean_x -inf, and 0 * inf is NaN.
+    const float smooth = eps != 0.f ? eps * (lse - mean_x) : 0.f;
+    p.loss[row] = w * ((1.f - eps) * (lse - x_target) + smooth + z * lse * lse);
   }
   if (!p.write_grad) return;
 

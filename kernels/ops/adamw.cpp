@@ -1,7 +1,8 @@
 // Fused AdamW step over flat buffers (no autograd): CUDA tensors go to cuda::adamw_step (one vectorised
 // grid-stride kernel, every buffer read and written once), CPU tensors to the same per-element update in
 // an at::parallel_for loop. The math is torch.optim.AdamW's single-tensor update, op for op, in fp32
-// (fp64 for fp64 buffers); see kernels/cuda/adamw.h.
+// (fp64 for fp64 buffers), with ATen's roundings, so the CPU path is bit-identical to the reference
+// composition; see kernels/cuda/adamw.h.
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -51,12 +52,14 @@ void AdamWCpu(P* param, const G* grad, S* exp_avg, S* exp_avg_sq, C* copy, int64
       const acc_t g = static_cast<acc_t>(grad[i]) * a.grad_scale;
       acc_t m = static_cast<acc_t>(exp_avg[i]);
       acc_t v = static_cast<acc_t>(exp_avg_sq[i]);
+      // ATen's op order and roundings: lerp and addcmul are single FMAs in its kernels, addcdiv is
+      // self + (value * t1) / t2.
       p = p * a.decay_factor;
-      const acc_t w = a.one_minus_beta1;  // torch's lerp, both branches
-      m = w < acc_t(0.5) ? m + w * (g - m) : g - (g - m) * (acc_t(1) - w);
-      v = v * a.beta2 + a.one_minus_beta2 * g * g;
+      const acc_t w = a.one_minus_beta1;
+      m = w < acc_t(0.5) ? std::fma(w, g - m, m) : std::fma(w - acc_t(1), g - m, g);
+      v = std::fma(a.one_minus_beta2 * g, g, v * a.beta2);
       const acc_t denom = std::sqrt(v) / a.bias_correction2_sqrt + a.eps;
-      p = p + (-a.step_size) * (m / denom);
+      p = p + (-a.step_size * m) / denom;
       param[i] = static_cast<P>(p);
       exp_avg[i] = static_cast<S>(m);
       exp_avg_sq[i] = static_cast<S>(v);
@@ -97,12 +100,13 @@ void AdamWCpuForParam(torch::Tensor& param, const torch::Tensor& grad, torch::Te
       });
     }
   };
-  const bool grad_same = grad.scalar_type() == param.scalar_type();
-  const bool state_same = exp_avg.scalar_type() == param.scalar_type();
-  if (grad_same && state_same) with_copy(P{}, P{});
-  else if (grad_same) with_copy(P{}, float{});
-  else if (state_same) with_copy(float{}, P{});
-  else with_copy(float{}, float{});
+  WithFloatType(grad.scalar_type(), [&](auto g_tag) {
+    if (exp_avg.scalar_type() == param.scalar_type()) {
+      with_copy(g_tag, P{});
+    } else {
+      with_copy(g_tag, float{});
+    }
+  });
 }
 
 void CheckBuffers(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
@@ -116,8 +120,10 @@ void CheckBuffers(const torch::Tensor& param, const torch::Tensor& grad, const t
   const auto p = param.scalar_type();
   TORCH_CHECK(p == torch::kFloat || p == torch::kBFloat16 || p == torch::kHalf || (p == torch::kDouble && param.is_cpu()),
               "adamw_step: param must be float32, bfloat16 or float16, got ", p);
-  TORCH_CHECK(grad.scalar_type() == p || grad.scalar_type() == torch::kFloat,
-              "adamw_step: grad must be param's dtype or float32, got ", grad.scalar_type());
+  // Any float gradient: bf16 gradients of fp32 master weights are the bf16_mixed policy's case.
+  const auto g = grad.scalar_type();
+  TORCH_CHECK(g == torch::kFloat || g == torch::kBFloat16 || g == torch::kHalf || (g == torch::kDouble && grad.is_cpu()),
+              "adamw_step: grad must be float32, bfloat16 or float16, got ", g);
   TORCH_CHECK(exp_avg.scalar_type() == exp_avg_sq.scalar_type(), "adamw_step: exp_avg and exp_avg_sq dtypes differ");
   TORCH_CHECK(exp_avg.scalar_type() == p || exp_avg.scalar_type() == torch::kFloat,
               "adamw_step: optimizer state must be param's dtype or float32, got ", exp_avg.scalar_type());

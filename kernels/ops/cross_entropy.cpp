@@ -72,7 +72,9 @@ void CrossEntropyRowsCpu(scalar_t* logits, int64_t row_stride, int64_t n_rows, i
       const acc_t lse = m + std::log(s);
       const acc_t w = weights ? weights[row] : acc_t(1);
       const acc_t x_t = capped(x[t]);
-      loss[row] = w * ((1 - eps) * (lse - x_t) + eps * (lse - sum_x / static_cast<acc_t>(vocab)) + z * lse * lse);
+      // The smoothing term only when asked for: a -inf (masked) logit makes sum_x -inf, and 0 * inf is NaN.
+      const acc_t smooth = eps != 0 ? eps * (lse - sum_x / static_cast<acc_t>(vocab)) : acc_t(0);
+      loss[row] = w * ((1 - eps) * (lse - x_t) + smooth + z * lse * lse);
       if (!write_grad) continue;
       const acc_t scale = grad_scale * w;
       const acc_t coef_p = scale * (1 + 2 * z * lse);
@@ -184,9 +186,11 @@ void CheckInputs(const torch::Tensor& logits, const torch::Tensor& target, const
 
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
+  // Optional tensors travel as c10::optional: LibTorch 1.13's Function::apply rejects undefined tensors.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& target,
-                               const torch::Tensor& token_weights, const CrossEntropyOptions& options,
-                               bool need_grad) {
+                               const c10::optional<torch::Tensor>& maybe_token_weights,
+                               const CrossEntropyOptions& options, bool need_grad) {
+    const torch::Tensor token_weights = maybe_token_weights.value_or(torch::Tensor());
     CheckInputs(logits, target, token_weights);
     // The kernels take any row stride but need unit stride along the vocabulary and non-overlapping rows.
     const bool usable = logits.stride(1) == 1 && (logits.size(0) <= 1 || logits.stride(0) >= logits.size(1));
@@ -234,7 +238,9 @@ torch::Tensor CrossEntropyOp(const torch::Tensor& logits, const torch::Tensor& t
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,
                             const CrossEntropyOptions& options, const torch::Tensor& token_weights) {
   const bool need_grad = torch::GradMode::is_enabled() && logits.requires_grad();
-  return CrossEntropyFunction::apply(logits, target, token_weights, options, need_grad);
+  const c10::optional<torch::Tensor> maybe_weights =
+      token_weights.defined() ? c10::optional<torch::Tensor>(token_weights) : c10::nullopt;
+  return CrossEntropyFunction::apply(logits, target, maybe_weights, options, need_grad);
 }
 
 }  // namespace tigon::ops

@@ -117,10 +117,14 @@ void CheckInputs(const torch::Tensor& hidden, const torch::Tensor& weight, const
 
 class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLinearCrossEntropyFunction> {
  public:
+  // Optional tensors travel as c10::optional: LibTorch 1.13's Function::apply rejects undefined tensors.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
-                               const torch::Tensor& bias, const torch::Tensor& target,
-                               const torch::Tensor& token_weights, const CrossEntropyOptions& options,
-                               int64_t chunk_size, bool need_hidden, bool need_weight, bool need_bias) {
+                               const c10::optional<torch::Tensor>& maybe_bias, const torch::Tensor& target,
+                               const c10::optional<torch::Tensor>& maybe_token_weights,
+                               const CrossEntropyOptions& options, int64_t chunk_size, bool need_hidden,
+                               bool need_weight, bool need_bias) {
+    const torch::Tensor bias = maybe_bias.value_or(torch::Tensor());
+    const torch::Tensor token_weights = maybe_token_weights.value_or(torch::Tensor());
     CheckInputs(hidden, weight, bias, target, token_weights);
     const bool any_grad = need_hidden || need_weight || need_bias;
     ctx->saved_data["reduction"] = static_cast<int64_t>(options.reduction);
@@ -227,8 +231,11 @@ torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, co
     chunk_size = DefaultFusedLinearCrossEntropyChunk(hidden.size(0), weight.size(0), hidden.size(1),
                                                      static_cast<int64_t>(hidden.element_size()));
   }
-  return FusedLinearCrossEntropyFunction::apply(hidden, weight, bias, target, token_weights, options, chunk_size,
-                                                need_hidden, need_weight, need_bias);
+  auto optional_of = [](const torch::Tensor& t) {
+    return t.defined() ? c10::optional<torch::Tensor>(t) : c10::optional<torch::Tensor>();
+  };
+  return FusedLinearCrossEntropyFunction::apply(hidden, weight, optional_of(bias), target, optional_of(token_weights),
+                                                options, chunk_size, need_hidden, need_weight, need_bias);
 }
 
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,

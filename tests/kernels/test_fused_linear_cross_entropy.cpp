@@ -1,0 +1,226 @@
+// Fused linear + cross entropy (CPU path: chunked, logits never whole) against the reference
+// composition (hidden @ W^T + b, then the reference cross entropy) and its autograd, in float64.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/ops/fused_linear_cross_entropy.h"
+#include "kernels/ops/ops.h"
+#include "kernels/reference/reference.h"
+
+namespace tigon {
+namespace {
+
+struct FlceInputs {
+  torch::Tensor hidden, weight, bias, target, weights;
+};
+
+FlceInputs MakeFlceInputs(int64_t n, int64_t h, int64_t vocab, uint64_t seed, double ignored_fraction = 0.2) {
+  torch::manual_seed(seed);
+  FlceInputs in;
+  in.hidden = torch::randn({n, h}, torch::kDouble);
+  in.weight = torch::randn({vocab, h}, torch::kDouble) * (2.0 / std::sqrt(static_cast<double>(h)));
+  in.bias = torch::randn({vocab}, torch::kDouble) * 0.5;
+  in.target = torch::randint(0, vocab, {n}, torch::kLong);
+  in.target.masked_fill_(torch::rand({n}, torch::kDouble) < ignored_fraction, -100);
+  in.weights = torch::rand({n}, torch::kDouble) + 0.5;
+  return in;
+}
+
+struct FlceResult {
+  torch::Tensor loss, grad_hidden, grad_weight, grad_bias;
+};
+
+// chunk_size < 0: the reference composition; otherwise the fused op with that chunk size (0 = default).
+FlceResult RunFlce(const FlceInputs& in, const CrossEntropyOptions& o, bool use_bias, bool use_weights,
+                   int64_t chunk_size, const torch::Tensor& upstream, bool weight_requires_grad = true) {
+  torch::Tensor hidden = in.hidden.clone().requires_grad_(true);
+  torch::Tensor weight = in.weight.clone().requires_grad_(weight_requires_grad);
+  torch::Tensor bias = use_bias ? in.bias.clone().requires_grad_(true) : torch::Tensor();
+  const torch::Tensor tw = use_weights ? in.weights : torch::Tensor();
+  torch::Tensor loss = chunk_size < 0
+                           ? reference::fused_linear_cross_entropy(hidden, weight, bias, in.target, o, tw)
+                           : ops::fused_linear_cross_entropy_chunked(hidden, weight, bias, in.target, o, tw, chunk_size);
+  loss.backward(upstream.to(loss.scalar_type()));
+  return {loss.detach(), hidden.grad(), weight.grad(), use_bias ? bias.grad() : torch::Tensor()};
+}
+
+void ExpectNear(const torch::Tensor& actual, const torch::Tensor& expected, double rtol, double atol,
+                const std::string& what) {
+  ASSERT_EQ(actual.defined(), expected.defined()) << what;
+  if (!expected.defined()) return;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const torch::Tensor a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
+  EXPECT_TRUE(torch::allclose(a, e, rtol, atol)) << what << ": max abs error " << (a - e).abs().max().item<double>();
+}
+
+void ExpectSameResult(const FlceResult& r, const FlceResult& ref, double rtol, double atol, const std::string& what) {
+  ExpectNear(r.loss, ref.loss, rtol, atol, "loss " + what);
+  ExpectNear(r.grad_hidden, ref.grad_hidden, rtol, atol, "grad_hidden " + what);
+  ExpectNear(r.grad_weight, ref.grad_weight, rtol, atol, "grad_weight " + what);
+  ExpectNear(r.grad_bias, ref.grad_bias, rtol, atol, "grad_bias " + what);
+}
+
+torch::Tensor Upstream(const CrossEntropyOptions& o, int64_t n) {
+  return o.reduction == Reduction::kNone ? torch::randn({n}, torch::kDouble) : torch::ones({}, torch::kDouble);
+}
+
+// Every option and chunk sizes that divide N, do not divide it, are 1, and exceed N; float64 throughout,
+// so the chunked sums differ from the reference only by rounding order (1e-10).
+TEST(FusedLinearCrossEntropyCpu, EveryOptionAndChunkSizeMatchesReference) {
+  const FlceInputs in = MakeFlceInputs(37, 24, 1000, 1);
+  int checked = 0;
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      CrossEntropyOptions o;
+      o.reduction = reduction;
+      o.label_smoothing = variant == 1 || variant == 3 ? 0.1 : 0.0;
+      o.z_loss_scale = variant >= 2 ? 1e-3 : 0.0;
+      o.softcap = variant == 3 ? 5.0 : 0.0;
+      const bool use_bias = variant % 2 == 1, use_weights = variant >= 2;
+      torch::manual_seed(100 + variant);
+      const torch::Tensor upstream = Upstream(o, 37);
+      const FlceResult ref = RunFlce(in, o, use_bias, use_weights, -1, upstream);
+      for (int64_t chunk : {1, 8, 13, 37, 64, 0}) {
+        const FlceResult r = RunFlce(in, o, use_bias, use_weights, chunk, upstream);
+        ExpectSameResult(r, ref, 1e-10, 1e-12,
+                         "reduction " + std::to_string(static_cast<int>(reduction)) + " variant " +
+                             std::to_string(variant) + " chunk " + std::to_string(chunk));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 72);
+}
+
+// The 1/n_valid of "mean" counts the whole batch: with a chunk that holds only ignored rows, and with
+// every row ignored.
+TEST(FusedLinearCrossEntropyCpu, MeanCountsValidTargetsOfTheWholeBatch) {
+  FlceInputs in = MakeFlceInputs(12, 8, 50, 2, 0.0);
+  in.target.narrow(0, 0, 4).fill_(-100);  // the first chunk of 4 is fully ignored
+  const CrossEntropyOptions o;
+  const torch::Tensor one = torch::ones({}, torch::kDouble);
+  ExpectSameResult(RunFlce(in, o, true, false, 4, one), RunFlce(in, o, true, false, -1, one), 1e-10, 1e-12,
+                   "partly ignored");
+  in.target.fill_(-100);
+  const FlceResult all_ignored = RunFlce(in, o, true, true, 5, one);
+  EXPECT_EQ(all_ignored.loss.item<double>(), 0.0);
+  EXPECT_EQ(all_ignored.grad_weight.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(all_ignored.grad_hidden.abs().max().item<double>(), 0.0);
+}
+
+TEST(FusedLinearCrossEntropyCpu, ScalarUpstreamOtherThanOne) {
+  const FlceInputs in = MakeFlceInputs(20, 16, 300, 3);
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
+    CrossEntropyOptions o;
+    o.reduction = reduction;
+    const torch::Tensor upstream = torch::full({}, 0.37, torch::kDouble);
+    ExpectSameResult(RunFlce(in, o, true, true, 6, upstream), RunFlce(in, o, true, true, -1, upstream), 1e-10,
+                     1e-12, "scaled upstream");
+  }
+}
+
+// A frozen lm_head (LoRA fine-tuning): only grad_hidden is produced.
+TEST(FusedLinearCrossEntropyCpu, FrozenWeightGetsNoGradient) {
+  const FlceInputs in = MakeFlceInputs(10, 8, 64, 4);
+  const CrossEntropyOptions o;
+  const torch::Tensor one = torch::ones({}, torch::kDouble);
+  const FlceResult r = RunFlce(in, o, false, false, 3, one, /*weight_requires_grad=*/false);
+  const FlceResult ref = RunFlce(in, o, false, false, -1, one, false);
+  EXPECT_FALSE(r.grad_weight.defined());
+  ExpectNear(r.grad_hidden, ref.grad_hidden, 1e-10, 1e-12, "grad_hidden");
+  ExpectNear(r.loss, ref.loss, 1e-10, 1e-12, "loss");
+}
+
+TEST(FusedLinearCrossEntropyCpu, NonContiguousInputs) {
+  const FlceInputs in = MakeFlceInputs(15, 12, 101, 5);
+  const CrossEntropyOptions o;
+  const torch::Tensor one = torch::ones({}, torch::kDouble);
+  const FlceResult ref = RunFlce(in, o, true, false, -1, one);
+  // hidden stored column-major, weight stored as [H, V] and transposed, bias a strided slice.
+  torch::Tensor hidden = in.hidden.t().contiguous().t().requires_grad_(true);
+  torch::Tensor weight = in.weight.t().contiguous().t().requires_grad_(true);
+  torch::Tensor bias_storage = torch::zeros({2 * 101}, torch::kDouble);
+  bias_storage.slice(0, 0, 202, 2).copy_(in.bias);
+  torch::Tensor bias = bias_storage.slice(0, 0, 202, 2).detach().requires_grad_(true);
+  ASSERT_FALSE(hidden.is_contiguous() || weight.is_contiguous() || bias.is_contiguous());
+  torch::Tensor loss = ops::fused_linear_cross_entropy_chunked(hidden, weight, bias, in.target, o, {}, 4);
+  loss.backward();
+  ExpectSameResult({loss.detach(), hidden.grad(), weight.grad(), bias.grad()}, ref, 1e-10, 1e-12, "non-contiguous");
+}
+
+// bf16 hidden and weight: each chunk's logits are a bf16 matmul (as in the reference), the CE math is
+// fp32, and grad_W accumulates in bf16 over the chunks (one rounding per chunk, like Liger). Oracle: the
+// reference on the same bf16 values in float64. Loss within 2e-2 relative: the bf16 logits themselves
+// carry 2^-9 relative error, magnified by lse. Gradients within 3e-2 relative of their largest entry.
+TEST(FusedLinearCrossEntropyCpu, BFloat16WithinStatedTolerance) {
+  const FlceInputs in64 = MakeFlceInputs(32, 64, 500, 6);
+  FlceInputs in = in64;
+  in.hidden = in64.hidden.to(torch::kBFloat16);
+  in.weight = in64.weight.to(torch::kBFloat16);
+  in.bias = in64.bias.to(torch::kBFloat16);
+  FlceInputs as64 = in;
+  as64.hidden = in.hidden.to(torch::kDouble);
+  as64.weight = in.weight.to(torch::kDouble);
+  as64.bias = in.bias.to(torch::kDouble);
+  CrossEntropyOptions o;
+  o.label_smoothing = 0.1;
+  const torch::Tensor one = torch::ones({}, torch::kDouble);
+  const FlceResult r = RunFlce(in, o, true, true, 8, one);
+  const FlceResult ref = RunFlce(as64, o, true, true, -1, one);
+  EXPECT_EQ(r.loss.scalar_type(), torch::kFloat);
+  EXPECT_EQ(r.grad_weight.scalar_type(), torch::kBFloat16);
+  ExpectNear(r.loss, ref.loss, 2e-2, 0, "bf16 loss");
+  for (const auto& [a, e, name] : {std::tuple{r.grad_hidden, ref.grad_hidden, "grad_hidden"},
+                                   std::tuple{r.grad_weight, ref.grad_weight, "grad_weight"},
+                                   std::tuple{r.grad_bias, ref.grad_bias, "grad_bias"}}) {
+    const double scale = e.abs().max().item<double>();
+    ExpectNear(a, e, 3e-2, 3e-2 * scale, std::string("bf16 ") + name);
+  }
+}
+
+TEST(FusedLinearCrossEntropyCpu, DefaultChunkKeepsTheLogitsChunkNear256MiB) {
+  // 1024 rows x 128256 x 2 bytes = 250 MiB at the Llama-3 head.
+  EXPECT_EQ(ops::DefaultFusedLinearCrossEntropyChunk(8192, 128256, 4096, 2), 1024);
+  EXPECT_EQ(ops::DefaultFusedLinearCrossEntropyChunk(8192, 256000, 2048, 2), 512);
+  EXPECT_EQ(ops::DefaultFusedLinearCrossEntropyChunk(100, 32000, 4096, 2), 100);  // never above N
+  EXPECT_EQ(ops::DefaultFusedLinearCrossEntropyChunk(1, 1000, 16, 4), 1);
+}
+
+TEST(FusedLinearCrossEntropyCpu, RejectsBadInput) {
+  const FlceInputs in = MakeFlceInputs(6, 8, 20, 7);
+  const CrossEntropyOptions o;
+  EXPECT_THROW(ops::fused_linear_cross_entropy(in.hidden, in.weight.narrow(1, 0, 7), {}, in.target, o), c10::Error);
+  EXPECT_THROW(ops::fused_linear_cross_entropy(in.hidden, in.weight.to(torch::kFloat), {}, in.target, o), c10::Error);
+  EXPECT_THROW(ops::fused_linear_cross_entropy(in.hidden, in.weight, in.bias.narrow(0, 0, 5), in.target, o),
+               c10::Error);
+  EXPECT_THROW(ops::fused_linear_cross_entropy(in.hidden, in.weight, {}, in.target.narrow(0, 0, 5), o), c10::Error);
+}
+
+// torch.ops.tigon.fused_linear_cross_entropy as Python sees it, with its chunk_size argument.
+TEST(FusedLinearCrossEntropyCpu, RegisteredTorchOp) {
+  const FlceInputs in = MakeFlceInputs(9, 8, 40, 8);
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("tigon::fused_linear_cross_entropy", "")
+                .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&,
+                                     const torch::Tensor&, const c10::optional<torch::Tensor>&, int64_t,
+                                     c10::string_view, double, double, double, int64_t)>();
+  CrossEntropyOptions o;
+  o.reduction = Reduction::kNone;
+  o.z_loss_scale = 1e-3;
+  torch::manual_seed(9);
+  const torch::Tensor upstream = torch::randn({9}, torch::kDouble);
+  const FlceResult ref = RunFlce(in, o, true, true, -1, upstream);
+  torch::Tensor hidden = in.hidden.clone().requires_grad_(true);
+  torch::Tensor weight = in.weight.clone().requires_grad_(true);
+  torch::Tensor bias = in.bias.clone().requires_grad_(true);
+  torch::Tensor loss = op.call(hidden, weight, bias, in.target, in.weights, -100, "none", 0.0, 1e-3, 0.0, 2);
+  loss.backward(upstream);
+  ExpectSameResult({loss.detach(), hidden.grad(), weight.grad(), bias.grad()}, ref, 1e-10, 1e-12, "torch op");
+}
+
+}  // namespace
+}  // namespace tigon
