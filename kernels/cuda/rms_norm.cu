@@ -3,14 +3,16 @@
 // Forward: one block per row. Each thread keeps up to kMaxPacksPerThread 16-byte packs of the row in
 // registers, so x is read once; rows longer than the block can hold are re-read for the second pass.
 // Backward: a fixed number of blocks (kBackwardBlocksPerSm per SM), each striding over rows and keeping
-// its dweight partial sums in registers; one partial row per block, then column_sum_kernel (no atomics).
+// x, dy and its dweight partial sums in registers (rows too long for that re-read x and dy, and accumulate
+// in the block's partial row in memory); one partial row per block, then column_sum_kernel (no atomics).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rms_norm.h"
 
 namespace tigon::cuda {
 namespace {
 
-constexpr int kMaxPacksPerThread = 4;
+constexpr int kMaxPacksPerThread = 4;       // forward: one row-sized array in registers
+constexpr int kBackwardPacksPerThread = 2;  // backward: three (x, dy, dweight partials)
 constexpr int kMaxThreads = 512;  // __launch_bounds__: leaves 128 registers per thread for the row
 constexpr int kBackwardBlocksPerSm = 4;
 
@@ -86,18 +88,19 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_forward_kernel(const RMS
 
 template <typename T, typename W, typename O, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RMSNormBackwardParams p) {
+  constexpr int kPacks = kBackwardPacksPerThread;
   __shared__ float scratch[32];
   const W* weight = static_cast<const W*>(p.weight);
   const int64_t num_packs = p.hidden / kVec;
-  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kMaxPacksPerThread;
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPacks;
   const bool fits = num_packs <= chunk;
   const float inv_hidden = 1.f / static_cast<float>(p.hidden);
   float* partial = p.dweight_partials + static_cast<int64_t>(blockIdx.x) * p.hidden;
 
   // dweight partial sums: in registers when the row fits, else in this block's own partial row.
-  float dw[kMaxPacksPerThread][kVec];
+  float dw[kPacks][kVec];
 #pragma unroll
-  for (int i = 0; i < kMaxPacksPerThread; ++i) {
+  for (int i = 0; i < kPacks; ++i) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dw[i][j] = 0.f;
   }
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RM
     __syncthreads();
   }
 
-  float h[kMaxPacksPerThread][kVec], dy[kMaxPacksPerThread][kVec];
+  float h[kPacks][kVec], dy[kPacks][kVec];
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
     const O* dy_row = static_cast<const O*>(p.dy) + row * p.dy_row_stride;
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RM
     float dot = 0.f;
     for (int64_t base = 0; base < num_packs; base += chunk) {
 #pragma unroll
-      for (int i = 0; i < kMaxPacksPerThread; ++i) {
+      for (int i = 0; i < kPacks; ++i) {
         const int64_t pack = base + i * blockDim.x + threadIdx.x;
         if (pack < num_packs) {
           float w[kVec];
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RM
     // Pass 2: dx = rstd * (g - x_hat * dot) (+ d_residual_out); dweight += dy * x_hat.
     for (int64_t base = 0; base < num_packs; base += chunk) {
 #pragma unroll
-      for (int i = 0; i < kMaxPacksPerThread; ++i) {
+      for (int i = 0; i < kPacks; ++i) {
         const int64_t pack = base + i * blockDim.x + threadIdx.x;
         if (pack < num_packs) {
           if (!fits) {
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RM
 
   if (fits) {
 #pragma unroll
-    for (int i = 0; i < kMaxPacksPerThread; ++i) {
+    for (int i = 0; i < kPacks; ++i) {
       const int64_t pack = i * blockDim.x + threadIdx.x;
       if (pack < num_packs) {
 #pragma unroll
@@ -224,12 +227,13 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
                          rows_aligned(p.weight, 0, kVec, sizeof(W));
   const int64_t num_partials = rms_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
-  // About two packs per thread: more threads per row than forward, since fewer blocks run.
+  // Fewer packs per thread than forward: more threads per row, since fewer blocks run.
   if (vectorize) {
     rms_norm_backward_kernel<T, W, O, kVec>
-        <<<grid, threads_for(p.hidden / kVec, 2, kMaxThreads), 0, stream>>>(p);
+        <<<grid, threads_for(p.hidden / kVec, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
   } else {
-    rms_norm_backward_kernel<T, W, O, 1><<<grid, threads_for(p.hidden, 2, kMaxThreads), 0, stream>>>(p);
+    rms_norm_backward_kernel<T, W, O, 1>
+        <<<grid, threads_for(p.hidden, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
