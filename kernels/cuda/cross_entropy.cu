@@ -105,23 +105,47 @@ __device__ __forceinline__ T grad_element(float raw, int64_t j, const RowGrad& g
   return ce_from_float<T>(d);
 }
 
-template <typename T, bool kVec, bool kSoftcap>
-__global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const CrossEntropyParams p) {
+// Each row is split into a scalar head up to the first 16-byte boundary, a body of 16-byte packs and a
+// scalar tail, so that any row stride and vocabulary size (50257, odd strided views) keeps vector loads.
+struct RowSplit {
+  int64_t head;       // elements before the first aligned pack
+  int64_t n_packs;    // packs in the body
+  int64_t tail_start; // first element after the body
+};
+
+template <typename T>
+__device__ __forceinline__ RowSplit split_row(const T* row, int64_t vocab) {
+  constexpr int kN = Pack<T>::kN;
+  RowSplit r;
+  const int64_t misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) % 16);
+  r.head = misalign == 0 ? 0 : (16 - misalign) / static_cast<int64_t>(sizeof(T));
+  if (r.head > vocab) r.head = vocab;
+  r.n_packs = (vocab - r.head) / kN;
+  r.tail_start = r.head + r.n_packs * kN;
+  return r;
+}
+
+template <typename T, bool kSoftcap>
+__global__ void __launch_bounds__(kThreads, 2) cross_entropy_forward_kernel(const CrossEntropyParams p) {
   constexpr int kN = Pack<T>::kN;
   const int64_t row = blockIdx.x;
   T* x_row = static_cast<T*>(p.logits) + row * p.logits_row_stride;
   const int64_t V = p.vocab;
   const int64_t target = p.target[row];
   const int tid = threadIdx.x;
+  const RowSplit split = split_row(x_row, V);
+  T* body = x_row + split.head;
+  // Scalar elements: [0, head) and [tail_start, V), at most 2 * (kN - 1) of them.
+  const int64_t n_scalar = split.head + (V - split.tail_start);
+  auto scalar_index = [&](int64_t k) { return k < split.head ? k : split.tail_start + (k - split.head); };
 
   if (target == p.ignore_index) {
     if (p.write_grad) {
-      const int64_t n_packs = kVec ? V / kN : 0;
       Pack<T> zero;
 #pragma unroll
       for (int k = 0; k < kN; ++k) zero.v[k] = ce_from_float<T>(0.f);
-      for (int64_t i = tid; i < n_packs; i += kThreads) store_pack_streaming(x_row + i * kN, zero);
-      for (int64_t j = n_packs * kN + tid; j < V; j += kThreads) x_row[j] = ce_from_float<T>(0.f);
+      for (int64_t i = tid; i < split.n_packs; i += kThreads) store_pack_streaming(body + i * kN, zero);
+      for (int64_t k = tid; k < n_scalar; k += kThreads) x_row[scalar_index(k)] = ce_from_float<T>(0.f);
     }
     if (tid == 0) p.loss[row] = 0.f;
     return;
@@ -136,21 +160,21 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const C
 
   // Pass 1: online softmax.
   SoftmaxState st;
-  const int64_t n_packs = kVec ? V / kN : 0;
+  const int64_t n_packs = split.n_packs;
   for (int64_t i0 = tid; i0 < n_packs; i0 += static_cast<int64_t>(kThreads) * kUnroll) {
     Pack<T> buf[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + static_cast<int64_t>(u) * kThreads;
-      if (i < n_packs) buf[u] = load_pack(x_row + i * kN);
+      if (i < n_packs) buf[u] = load_pack(body + i * kN);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (i0 + static_cast<int64_t>(u) * kThreads < n_packs) accumulate<T, kSoftcap>(st, buf[u].v, cap, inv_cap);
     }
   }
-  for (int64_t j = n_packs * kN + tid; j < V; j += kThreads) {
-    const T one[1] = {x_row[j]};
+  for (int64_t k = tid; k < n_scalar; k += kThreads) {
+    const T one[1] = {x_row[scalar_index(k)]};
     accumulate<T, kSoftcap>(st, one, cap, inv_cap);
   }
 
@@ -217,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const C
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + static_cast<int64_t>(u) * kThreads;
-      if (i < n_packs) buf[u] = load_pack_last(x_row + i * kN);
+      if (i < n_packs) buf[u] = load_pack_last(body + i * kN);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -226,29 +250,25 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const C
         Pack<T> out;
 #pragma unroll
         for (int k = 0; k < kN; ++k) {
-          out.v[k] = grad_element<T, kSoftcap>(ce_to_float(buf[u].v[k]), i * kN + k, g, cap, inv_cap);
+          out.v[k] = grad_element<T, kSoftcap>(ce_to_float(buf[u].v[k]), split.head + i * kN + k, g, cap, inv_cap);
         }
-        store_pack_streaming(x_row + i * kN, out);
+        store_pack_streaming(body + i * kN, out);
       }
     }
   }
-  for (int64_t j = n_packs * kN + tid; j < V; j += kThreads) {
+  for (int64_t k = tid; k < n_scalar; k += kThreads) {
+    const int64_t j = scalar_index(k);
     x_row[j] = grad_element<T, kSoftcap>(ce_to_float(x_row[j]), j, g, cap, inv_cap);
   }
 }
 
 template <typename T>
 LaunchStatus launch_forward(const CrossEntropyParams& p, cudaStream_t stream) {
-  constexpr int kN = Pack<T>::kN;
-  const bool vec = reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 && p.logits_row_stride % kN == 0;
-  const bool softcap = p.softcap > 0.f;
   const dim3 grid(static_cast<unsigned>(p.n_rows));
-  if (vec) {
-    if (softcap) cross_entropy_forward_kernel<T, true, true><<<grid, kThreads, 0, stream>>>(p);
-    else cross_entropy_forward_kernel<T, true, false><<<grid, kThreads, 0, stream>>>(p);
+  if (p.softcap > 0.f) {
+    cross_entropy_forward_kernel<T, true><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    if (softcap) cross_entropy_forward_kernel<T, false, true><<<grid, kThreads, 0, stream>>>(p);
-    else cross_entropy_forward_kernel<T, false, false><<<grid, kThreads, 0, stream>>>(p);
+    cross_entropy_forward_kernel<T, false><<<grid, kThreads, 0, stream>>>(p);
   }
   return static_cast<LaunchStatus>(cudaGetLastError());
 }

@@ -201,7 +201,9 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     detail::CrossEntropyRows(work, target, token_weights, options, n_valid, 1.0, need_grad, loss_rows);
     if (need_grad) {
       if (usable) logits.unsafeGetTensorImpl()->bump_version();
-      ctx->saved_data["grad"] = work;
+      // A new handle on the same storage: autograd can then hand it to .grad without a copy (AccumulateGrad
+      // steals a gradient only when nothing else holds its TensorImpl, and the caller holds `logits`).
+      ctx->saved_data["grad"] = work.detach();
       ctx->saved_data["reduction"] = static_cast<int64_t>(options.reduction);
     }
     return detail::ReduceLoss(loss_rows, n_valid, options.reduction);
@@ -209,6 +211,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     torch::Tensor grad = ctx->saved_data["grad"].toTensor();
+    ctx->saved_data.erase("grad");  // ours is then the only reference; a second backward fails loudly
     const auto reduction = static_cast<Reduction>(ctx->saved_data["reduction"].toInt());
     const torch::Tensor& grad_output = grad_outputs[0];
     if (reduction == Reduction::kNone) {
