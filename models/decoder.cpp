@@ -276,7 +276,8 @@ torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch:
   return loss.to(torch::kFloat32).reshape({});
 }
 
-torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels) const {
+torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                                          int64_t chunk_tokens) const {
   torch::NoGradGuard no_grad;
   CheckTokenIds(labels, "labels", /*allow_ignore=*/true);
   if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
@@ -289,7 +290,8 @@ torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const 
   const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
   const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   // About 256 MB of fp32 logits per chunk, so a 128k vocabulary never materialises [tokens, V] at once.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 26) / config_.vocab_size);
+  const int64_t chunk =
+      chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, (int64_t{1} << 26) / config_.vocab_size);
   torch::Tensor out = torch::zeros({tokens}, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
   for (int64_t start = 0; start < tokens; start += chunk) {
     const int64_t n = std::min(chunk, tokens - start);

@@ -112,8 +112,10 @@ class DecoderModel {
   // autograd; uses fused_linear_cross_entropy or lm_head + reference cross-entropy per the op table.
   torch::Tensor LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
                         const torch::Tensor& loss_weights) const;
-  // Per-position log p(label) [B, T] fp32 (0 where ignored), no autograd, computed in chunks.
-  torch::Tensor TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels) const;
+  // Per-position log p(label) [B, T] fp32 (0 where ignored), no autograd, computed in chunks of
+  // `chunk_tokens` positions (0: about 256 MB of fp32 logits per chunk).
+  torch::Tensor TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                              int64_t chunk_tokens = 0) const;
 
   // Hugging Face tensors by name (Phi3's fused qkv_proj/gate_up_proj as stored). Checks that every
   // parameter is present with its shape; converts dtype. Throws ModelError otherwise.

@@ -123,6 +123,8 @@ TEST(LossWeights, WeightsScaleAndMaskTokensAndTokenLogProbsAgree) {
     EXPECT_TRUE(torch::all(logp.masked_select(labels.eq(-100)) == 0).item<bool>());
     EXPECT_TRUE(torch::all(logp.masked_select(labels.ne(-100)) < 0).item<bool>());
     EXPECT_NEAR(-logp.sum().item<double>(), plain, 1e-5 * plain);
+    // Chunks of 5 positions (7 chunks over 32, the last one partial) give the same values.
+    EXPECT_TRUE(torch::allclose(model->TokenLogProbs(ids, labels, 5), logp, 1e-6, 1e-6));
 
     // Zero weight on the second row equals ignoring its labels.
     torch::Tensor weights = torch::ones(ids.sizes());
@@ -134,6 +136,52 @@ TEST(LossWeights, WeightsScaleAndMaskTokensAndTokenLogProbsAgree) {
     EXPECT_NEAR(masked, ignored, 1e-5 * ignored);
     EXPECT_NEAR(-logp[0].sum().item<double>(), ignored, 1e-5 * ignored);
   }
+}
+
+// Mistral's sliding window: positions closer than the window to the start see the same keys as with
+// full attention, so their logits are unchanged; later ones differ.
+TEST(Variants, SlidingWindowChangesOnlyPositionsPastTheWindow) {
+  nlohmann::json config = testing::ReadConfig("mistral");
+  const auto expected = ReadSafetensors(FixtureDir("mistral") + "/expected.safetensors");
+  const auto weights = ReadSafetensors(FixtureDir("mistral") + "/model.safetensors");
+  config["sliding_window"] = 4;
+  for (const bool fused : {false, true}) {
+    const ModelConfig parsed = ModelConfig::FromJson(config);
+    DecoderModel model(parsed, fused ? OpTable::AllFused(parsed) : OpTable::AllReference(parsed));
+    model.LoadStateDict(weights);
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = model.Logits(expected.at("input_ids"));
+    const torch::Tensor full = expected.at("logits");
+    EXPECT_LT(testing::RelativeError(logits.narrow(1, 0, 4), full.narrow(1, 0, 4)), kTolerance);
+    EXPECT_GT(testing::RelativeError(logits.narrow(1, 4, 12), full.narrow(1, 4, 12)), 1e-3);
+  }
+}
+
+// Partial rotary (Phi-style partial_rotary_factor): the fused rope on the narrowed q/k agrees with the
+// reference composition, and the result differs from full rotary.
+TEST(Variants, PartialRotaryFusedMatchesReference) {
+  nlohmann::json config = testing::ReadConfig("phi3");
+  config["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  const auto expected = ReadSafetensors(FixtureDir("phi3") + "/expected.safetensors");
+  const auto weights = ReadSafetensors(FixtureDir("phi3") + "/model.safetensors");
+  const ModelConfig parsed = ModelConfig::FromJson(config);
+  DecoderModel reference(parsed, OpTable::AllReference(parsed));
+  DecoderModel fused(parsed, OpTable::AllFused(parsed));
+  reference.LoadStateDict(weights);
+  fused.LoadStateDict(weights);
+  const torch::Tensor labels = expected.at("labels");
+  const torch::Tensor ref_loss = reference.LossSum(expected.at("input_ids"), labels, {});
+  const torch::Tensor fused_loss = fused.LossSum(expected.at("input_ids"), labels, {});
+  EXPECT_NEAR(fused_loss.item<double>(), ref_loss.item<double>(), 1e-5 * ref_loss.item<double>());
+  ref_loss.backward();
+  fused_loss.backward();
+  for (size_t i = 0; i < reference.parameters().size(); ++i) {
+    EXPECT_LT(testing::RelativeError(fused.parameters()[i].tensor.grad(), reference.parameters()[i].tensor.grad()),
+              kTolerance)
+        << reference.parameters()[i].name;
+  }
+  torch::NoGradGuard no_grad;
+  EXPECT_GT(testing::RelativeError(reference.Logits(expected.at("input_ids")), expected.at("logits")), 1e-3);
 }
 
 // bf16 parameters and activations: the logits follow the fp32 ones to bf16 accuracy. bf16 keeps 8
