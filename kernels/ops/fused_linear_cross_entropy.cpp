@@ -32,9 +32,11 @@ using torch::autograd::variable_list;
 // Largest logits chunk we allow. The paper's chunk 2^ceil(log2(ceil(N / ceil(V / H)))) (256 rows at
 // N = 8192, V = 128256, H = 4096) keeps the chunk near the size of the hidden states, but every chunk's
 // grad_W addmm_ also reads and writes the whole V x H accumulator (2.1 GB in bf16, ~0.5 ms on an H200),
-// so fewer, larger chunks win until the chunk buffer costs more memory than the target allows:
-// 256 MiB -> 1024 rows at V = 128256 bf16 (grad_W 1002 MiB + grad_h 64 MiB + chunk 250 MiB).
-constexpr int64_t kChunkBytesBudget = 256LL << 20;
+// so fewer, larger chunks win until the chunk buffer costs more memory than the 1536 MiB goal leaves:
+// grad_W 1002 MiB + grad_h 64 MiB + chunk <= 400 MiB. The chunks are then made equal (6 x 1408 rows
+// there, 345 MiB) and a multiple of 64 rows for the GEMM tiles. bench/bench_ce_flce_adamw.py sweeps it.
+constexpr int64_t kChunkBytesBudget = 400LL << 20;
+constexpr int64_t kChunkRowMultiple = 64;
 
 struct ChunkedResult {
   torch::Tensor loss_rows;  // [N] fp32 (fp64 for fp64 inputs)
@@ -213,10 +215,14 @@ torch::Tensor FusedLinearCrossEntropyOp(const torch::Tensor& hidden, const torch
 
 int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hidden, int64_t element_size) {
   (void)hidden;
+  if (n <= 1) return 1;
   const int64_t row_bytes = std::max<int64_t>(vocab * element_size, 1);
-  int64_t chunk = 1;
-  while (chunk * 2 * row_bytes <= kChunkBytesBudget) chunk *= 2;
-  return std::max<int64_t>(1, std::min(chunk, n));
+  const int64_t max_rows = std::max<int64_t>(kChunkBytesBudget / row_bytes, 1);
+  const int64_t n_chunks = (n + max_rows - 1) / max_rows;
+  int64_t chunk = (n + n_chunks - 1) / n_chunks;
+  const int64_t rounded = (chunk + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
+  if (rounded <= max_rows) chunk = rounded;
+  return std::min(chunk, n);
 }
 
 torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
