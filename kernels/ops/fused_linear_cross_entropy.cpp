@@ -108,12 +108,14 @@ void CheckInputs(const torch::Tensor& hidden, const torch::Tensor& weight, const
   if (bias.defined()) {
     TORCH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "fused_linear_cross_entropy: bias must be [V]");
     TORCH_CHECK(bias.scalar_type() == hidden.scalar_type(), "fused_linear_cross_entropy: bias dtype differs");
+    TORCH_CHECK(bias.device() == hidden.device(), "fused_linear_cross_entropy: bias on another device");
   }
   TORCH_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), "fused_linear_cross_entropy: target must be [N]");
   TORCH_CHECK(target.scalar_type() == torch::kLong, "fused_linear_cross_entropy: target must be int64");
   if (token_weights.defined()) {
     TORCH_CHECK(token_weights.dim() == 1 && token_weights.size(0) == hidden.size(0),
                 "fused_linear_cross_entropy: token_weights must be [N]");
+    TORCH_CHECK(token_weights.device() == hidden.device(), "fused_linear_cross_entropy: token_weights on another device");
   }
 }
 
@@ -136,7 +138,9 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
                                         chunk_size, false, false, false);
       if (any_grad) {
         ctx->save_for_backward({hidden, weight, bias, target, token_weights});
-        ctx->saved_data["need"] = std::vector<bool>{need_hidden, need_weight, need_bias};
+        ctx->saved_data["need_hidden"] = need_hidden;
+        ctx->saved_data["need_weight"] = need_weight;
+        ctx->saved_data["need_bias"] = need_bias;
         ctx->saved_data["ignore_index"] = options.ignore_index;
         ctx->saved_data["label_smoothing"] = options.label_smoothing;
         ctx->saved_data["z_loss_scale"] = options.z_loss_scale;
@@ -162,7 +166,6 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
       const variable_list saved = ctx->get_saved_variables();
       const torch::Tensor &hidden = saved[0], &weight = saved[1], &bias = saved[2], &target = saved[3],
                           &token_weights = saved[4];
-      const auto need = ctx->saved_data["need"].toBoolList();
       CrossEntropyOptions options;
       options.reduction = Reduction::kNone;
       options.ignore_index = ctx->saved_data["ignore_index"].toInt();
@@ -172,7 +175,8 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
       torch::Tensor row_weights = grad_output.to(detail::LossDType(hidden));
       if (token_weights.defined()) row_weights = row_weights * token_weights.to(row_weights.scalar_type());
       const ChunkedResult r = RunChunks(hidden, weight, bias, target, row_weights, options, torch::Tensor(),
-                                        ctx->saved_data["chunk_size"].toInt(), need[0], need[1], need[2]);
+                                        ctx->saved_data["chunk_size"].toInt(), ctx->saved_data["need_hidden"].toBool(),
+                                        ctx->saved_data["need_weight"].toBool(), ctx->saved_data["need_bias"].toBool());
       grad_hidden = r.grad_hidden;
       grad_weight = r.grad_weight;
       grad_bias = r.grad_bias;
