@@ -94,16 +94,19 @@ LaunchStatus launch(const AdamWParams& a, cudaStream_t stream) {
                    aligned(a.exp_avg, dtype_size(a.state_dtype) * kN) &&
                    aligned(a.exp_avg_sq, dtype_size(a.state_dtype) * kN) &&
                    aligned(a.param_copy, dtype_size(a.param_copy_dtype) * kN);
-  int device = 0, sms = 132;
+  auto kernel = vec ? adamw_step_kernel<P, G, S, C, true> : adamw_step_kernel<P, G, S, C, false>;
+  // A grid-stride loop wants exactly the blocks that are resident at once (a second wave would start late
+  // and finish alone).
+  int device = 0, sms = 132, per_sm = 4;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
   const int64_t work = vec ? (a.n + kN - 1) / kN : a.n;
   int64_t blocks = (work + kThreads - 1) / kThreads;
-  const int64_t max_blocks = static_cast<int64_t>(sms) * 8;  // enough resident warps; the loop covers the rest
-  if (blocks > max_blocks) blocks = max_blocks;
+  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  if (blocks > resident) blocks = resident;
   if (blocks < 1) blocks = 1;
-  if (vec) adamw_step_kernel<P, G, S, C, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
-  else adamw_step_kernel<P, G, S, C, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
   return static_cast<LaunchStatus>(cudaGetLastError());
 }
 
