@@ -1,7 +1,7 @@
 // GeGLU, gelu_tanh(a) * b (GELU with approximate="tanh"), as an autograd function (GeGLUFunction).
 // CUDA tensors go to kernels/cuda/geglu.cu; CPU tensors run the same math here in fp32 (float64 for float64
 // inputs), rounded once.
-// Saved: a and b. Backward recomputes tanh(u) instead of keeping the activation.
+// Saved: a and b. Backward recomputes the activation instead of keeping it.
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -16,7 +16,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// gelu_tanh(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))).
+// u = sqrt(2/pi) (a + 0.044715 a^3).
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kCubic = 0.044715;
 
@@ -39,21 +39,24 @@ torch::Tensor AsRows(const torch::Tensor& t) {
 
 // ---- CPU fused path -------------------------------------------------------------------------------------
 
+// gelu_tanh(a) = 0.5 a (1 + tanh(u)) = a * sigmoid(2u): the sigmoid form (as in the CUDA kernel) has no
+// cancellation in 1 + tanh(u) for large negative a.
 torch::Tensor GeGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc);
-  auto t = torch::tanh(kSqrt2OverPi * (af + kCubic * af * af * af));
-  return (0.5 * af * (1.0 + t) * b.to(acc)).to(a.scalar_type());
+  auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
+  return (af * s * b.to(acc)).to(a.scalar_type());
 }
 
+// gelu'(a) = s + 2 a s (1 - s) u'(a), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 a^2).
 std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a,
                                                           const torch::Tensor& b) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
-  auto t = torch::tanh(kSqrt2OverPi * (af + kCubic * af * af * af));
-  auto gelu_grad = 0.5 * (1.0 + t) + 0.5 * af * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
+  auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
+  auto gelu_grad = s + 2.0 * af * s * (1.0 - s) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
   auto da = dyf * bf * gelu_grad;
-  auto db = dyf * 0.5 * af * (1.0 + t);
+  auto db = dyf * af * s;
   return {da.to(a.scalar_type()), db.to(b.scalar_type())};
 }
 

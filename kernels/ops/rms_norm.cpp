@@ -84,8 +84,10 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCpu(const torch::Tensor& h
   return {y, rstd};
 }
 
-// (dh, dweight) from dy, the normalised input h and its rstd.
+// (dh, dweight) from dy, the normalised input h and its rstd; d_residual_out (optional, [rows, hidden]) is
+// added before dh is rounded to its dtype, as the CUDA kernel does.
 std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCpu(const torch::Tensor& dy2d, const torch::Tensor& h2d,
+                                                           const torch::Tensor& d_residual_out,
                                                            const torch::Tensor& weight, const torch::Tensor& rstd,
                                                            double offset, RMSNormCasting casting) {
   const auto acc = AccumulateType(h2d.scalar_type());
@@ -102,7 +104,9 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCpu(const torch::Tensor& 
       auto r = rstd.slice(0, begin, end).to(acc).unsqueeze(-1);
       auto x_hat = hb * r;
       auto g = dyb * w_acc;
-      dh.slice(0, begin, end).copy_(r * (g - x_hat * (g * x_hat).mean(-1, /*keepdim=*/true)));
+      auto dhb = r * (g - x_hat * (g * x_hat).mean(-1, /*keepdim=*/true));
+      if (d_residual_out.defined()) dhb = dhb + d_residual_out.slice(0, begin, end).to(acc);
+      dh.slice(0, begin, end).copy_(dhb);
       // kLlama's weight multiplies x_hat rounded to the input dtype; its gradient sees the same rounding.
       auto x_hat_w = casting == RMSNormCasting::kLlama ? x_hat.to(h2d.scalar_type()).to(acc) : x_hat;
       partials[block].copy_((dyb * x_hat_w).sum(0));
@@ -217,9 +221,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackward(const torch::Tensor& dy2
                                weight, rstd, offset, casting);
   }
 #endif
-  auto [dh, dweight] = RMSNormBackwardCpu(dy2d, h2d, weight, rstd, offset, casting);
-  if (d_residual_out.defined()) dh.add_(d_residual_out.reshape({-1, h2d.size(1)}));
-  return {dh, dweight};
+  return RMSNormBackwardCpu(dy2d, h2d, d_residual_out.defined() ? AsRows(d_residual_out, h2d.size(1)) : d_residual_out,
+                            weight, rstd, offset, casting);
 }
 
 // ---- autograd functions ---------------------------------------------------------------------------------
