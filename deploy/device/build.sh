@@ -10,4 +10,5 @@ if [[ ! -f $TIGON_BUILD_DIR/build.ninja ]]; then
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) \
     -DGTest_DIR=$DEPS/usr/lib/x86_64-linux-gnu/cmake/GTest "$@"
 fi
-ninja -C "$TIGON_BUILD_DIR" -j "$(nproc)"
+# TIGON_TARGETS (space-separated) limits the build to those targets; default: everything.
+ninja -C "$TIGON_BUILD_DIR" -j "$(nproc)" ${TIGON_TARGETS:-}

@@ -61,7 +61,9 @@ void WriteTextFile(const std::string& path, const std::string& text) {
 
 // Status from an exception thrown inside a step.
 Status StatusFromException(const std::exception& e, const torch::Device& device, const char* call) {
-  const std::string what = e.what();
+  // c10 errors carry a C++ backtrace in what(); users get the message alone.
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
   if (IsOutOfMemory(what)) {
     ReleaseCachedMemory(device);
     return Status(StatusCode::kResourceExhausted,
