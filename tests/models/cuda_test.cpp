@@ -35,6 +35,9 @@ TEST(Cuda, Bf16LogitsCloseToFp32AndTokenLogProbsMatchCpu) {
     auto bf16 = LoadPretrained(FixtureDir(family), nullptr, torch::kBFloat16, torch::kCUDA);
     // Same bound and reason as the CPU bf16 test (8 mantissa bits through two layers).
     EXPECT_LT(testing::RelativeError(bf16->Logits(ids), expected.at("logits")), 5e-2) << family;
+    // fp16 keeps 11 mantissa bits: held to a bound 8x tighter.
+    auto fp16 = LoadPretrained(FixtureDir(family), nullptr, torch::kFloat16, torch::kCUDA);
+    EXPECT_LT(testing::RelativeError(fp16->Logits(ids), expected.at("logits")), 5e-2 / 8) << family;
     auto fp32_gpu = LoadPretrained(FixtureDir(family), nullptr, torch::kFloat32, torch::kCUDA);
     auto fp32_cpu = LoadPretrained(FixtureDir(family), nullptr, torch::kFloat32, torch::kCPU);
     EXPECT_LT(testing::RelativeError(fp32_gpu->TokenLogProbs(ids, labels),
