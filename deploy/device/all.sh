@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one go: build (keep going past failures), GPU kernel tests, the engine test suite
+# on the GPU, a short training run, and the kernel benchmarks. Prints a summary table last; logs under
+# ${OUT:-out}. Phases can be chosen: all.sh [build] [gputest] [enginetest] [train] [bench] [e2e].
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+LOGS=${OUT:-out}; mkdir -p "$LOGS"
+PHASES=${*:-build gputest enginetest train bench}
+declare -A RESULT
+run_phase() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name"
+  if "$@" > "$LOGS/$name.log" 2>&1; then RESULT[$name]="ok ($((SECONDS - t0)) s)"; else RESULT[$name]="FAILED ($((SECONDS - t0)) s)"; fi
+  tail -${TAIL_LINES:-15} "$LOGS/$name.log"
+}
+source deploy/device/env.sh
+export TIGON_KERNELS_LIB=$PWD/$TIGON_BUILD_DIR/kernels/libtigon_kernels.so
+for phase in $PHASES; do
+  case $phase in
+    build) run_phase build bash -c "bash deploy/device/build.sh -DTIGON_BUILD_TESTS=ON; ninja -C $TIGON_BUILD_DIR -k 0 -j \$(nproc) 2>&1 | grep -E 'error|FAILED' | head -40; ninja -C $TIGON_BUILD_DIR -n | grep -c . ";;
+    gputest) run_phase gputest $TIGON_PYTHON -m pytest -q -x --timeout=300 tests/gpu ;;
+    enginetest) run_phase enginetest $TIGON_BUILD_DIR/tests/tigon_engine_tests ;;
+    train) run_phase train $TIGON_BUILD_DIR/engine/tigon-train --steps 100 --batch 16 --seq 256 --hidden 256 --layers 4 --precision bf16_mixed ;;
+    bench) for s in bench/bench_*.py; do n=$(basename $s .py); TAIL_LINES=25 run_phase $n $TIGON_PYTHON $s --out "$LOGS/$n.json"; done ;;
+    e2e) run_phase e2e_fused $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference --out "$LOGS/e2e.json" ;;
+  esac
+done
+echo; echo "| phase | result |"; echo "| --- | --- |"
+for k in "${!RESULT[@]}"; do echo "| $k | ${RESULT[$k]} |"; done
