@@ -1,5 +1,6 @@
 #include "server/trainer_service.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -206,6 +207,24 @@ void TrainerService::CloseAllSessions() {
   }
 }
 
+grpc::Status TrainerService::ReserveSessionSlot() {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  const int64_t in_use = static_cast<int64_t>(sessions_.size()) + sessions_being_created_;
+  if (in_use >= config_.max_sessions) {
+    return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                 "server limit: " + std::to_string(in_use) +
+                     " sessions are open or being created, the most this server allows "
+                     "(--max-sessions=" + std::to_string(config_.max_sessions) + "); close a session first");
+  }
+  ++sessions_being_created_;
+  return grpc::Status::OK;
+}
+
+void TrainerService::ReleaseSessionSlot() {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  --sessions_being_created_;
+}
+
 // ---- sessions -------------------------------------------------------------------------------------
 
 grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
@@ -216,22 +235,9 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
     const int device_count = static_cast<int>(engine_.list_devices().size());
     grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options);
     if (!status.ok()) return status;
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      const int64_t in_use = static_cast<int64_t>(sessions_.size()) + sessions_being_created_;
-      if (in_use >= config_.max_sessions) {
-        return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     "server limit: " + std::to_string(in_use) +
-                         " sessions are open or being created, the most this server allows "
-                         "(--max-sessions=" + std::to_string(config_.max_sessions) +
-                         "); close a session first");
-      }
-      ++sessions_being_created_;
-    }
-    ScopeExit release([this] {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      --sessions_being_created_;
-    });
+    status = ReserveSessionSlot();
+    if (!status.ok()) return status;
+    ScopeExit release([this] { ReleaseSessionSlot(); });
     if (std::chrono::system_clock::now() >= ctx->deadline()) {
       return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
                    "the deadline passed before the session was created");
@@ -254,6 +260,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
     entry->vocab_size = entry->info.vocab_size;
     entry->max_position_embeddings = entry->info.max_position_embeddings;
     entry->model_family = entry->info.model_family;
+    entry->options = options;
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
       entry->id = NewSessionId();
@@ -551,6 +558,77 @@ grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::G
     response->set_checkpoints_enabled(checkpoints_.enabled());
     response->set_active_sessions(active_sessions());
     response->set_uptime_seconds(SecondsSince(started_));
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace tigon::server
+
+namespace tigon::server {
+
+// ---- memory savings -------------------------------------------------------------------------------
+
+grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx,
+                                            const v1::MeasureSavingsRequest* request,
+                                            v1::MeasureSavingsResponse* response) {
+  return Handle("MeasureSavings", ctx, [&]() -> grpc::Status {
+    grpc::Status status;
+    auto entry = Find(request->session_id(), &status);
+    if (entry == nullptr) return status;
+    // Random tokens of the requested shape, checked like any batch (limits included).
+    const BatchLimits limits{entry->vocab_size, entry->max_position_embeddings, config_.max_batch_tokens};
+    status = ValidateBatchShape(request->batch(), request->seq_len(), limits);
+    if (!status.ok()) return status;
+    v1::Batch batch;
+    batch.set_batch(request->batch());
+    batch.set_seq_len(request->seq_len());
+    std::mt19937 rng(0);
+    for (int64_t i = 0; i < request->batch() * request->seq_len(); ++i) {
+      batch.add_input_ids(static_cast<int32_t>(rng() % static_cast<uint32_t>(entry->vocab_size)));
+    }
+    status = ValidateBatch(batch, limits);
+    if (!status.ok()) return status;
+    const tigon::Batch engine_batch = ToEngineBatch(batch);
+
+    std::lock_guard<std::mutex> measuring(measure_mu_);
+    status = ReserveSessionSlot();
+    if (!status.ok()) return status;
+    ScopeExit release([this] { ReleaseSessionSlot(); });
+    for (const char* kernels : {"fused", "reference"}) {
+      if (std::chrono::system_clock::now() >= ctx->deadline()) {
+        return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed during the measurement");
+      }
+      tigon::SessionOptions options = entry->options;
+      options.kernels = kernels;
+      options.kernel_overrides.clear();
+      std::unique_ptr<tigon::Session> twin;
+      tigon::Status engine_status = engine_.create_session(options, &twin);
+      if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+      if (twin == nullptr) return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
+      // Two steps: the first allocates the optimizer state and warms up, the second is timed.
+      tigon::StepStats first, second;
+      engine_status = twin->TrainStep(engine_batch, {}, &first);
+      if (engine_status.ok()) engine_status = twin->TrainStep(engine_batch, {}, &second);
+      if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+      v1::KernelMeasurement* m =
+          std::string(kernels) == "fused" ? response->mutable_fused() : response->mutable_reference();
+      m->set_kernels(kernels);
+      m->set_peak_allocated_bytes(std::max(first.peak_allocated_bytes, second.peak_allocated_bytes));
+      m->set_peak_reserved_bytes(std::max(first.peak_reserved_bytes, second.peak_reserved_bytes));
+      m->set_step_seconds(second.wall_seconds);
+      m->set_tokens_per_second(second.tokens_per_second);
+      if (metrics_ != nullptr) {
+        metrics_->RecordSavings(entry->id, entry->model_family, kernels, m->peak_allocated_bytes(),
+                                m->step_seconds());
+      }
+    }
+    response->set_saved_bytes(response->reference().peak_allocated_bytes() -
+                              response->fused().peak_allocated_bytes());
+    if (response->fused().step_seconds() > 0) {
+      response->set_speedup(response->reference().step_seconds() / response->fused().step_seconds());
+    }
+    spdlog::info("session {} MeasureSavings {}x{}: saved {} bytes, speedup {:.3f}", entry->id,
+                 request->batch(), request->seq_len(), response->saved_bytes(), response->speedup());
     return grpc::Status::OK;
   });
 }

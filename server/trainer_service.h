@@ -61,6 +61,12 @@ class TrainerService final : public v1::Trainer::Service {
                               v1::CheckpointResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
+  grpc::Status MeasureSavings(grpc::ServerContext* ctx, const v1::MeasureSavingsRequest* request,
+                              v1::MeasureSavingsResponse* response) override;
+
+  // Reserves a place among --max-sessions for a session being created (RESOURCE_EXHAUSTED when full).
+  grpc::Status ReserveSessionSlot();
+  void ReleaseSessionSlot();
 
   // Closes every session (used at shutdown, after the server stopped taking calls).
   void CloseAllSessions();
@@ -76,6 +82,7 @@ class TrainerService final : public v1::Trainer::Service {
     int64_t vocab_size = 0;                   // fixed at creation
     int64_t max_position_embeddings = 0;
     std::string model_family;
+    tigon::SessionOptions options;  // as created (MeasureSavings builds temporary twins from it)
 
     mutable std::mutex info_mu;
     tigon::SessionInfo info;  // guarded by info_mu; refreshed after every engine call
@@ -104,6 +111,7 @@ class TrainerService final : public v1::Trainer::Service {
   std::map<std::string, std::shared_ptr<SessionEntry>> sessions_;  // guarded by sessions_mu_
   int64_t sessions_being_created_ = 0;                             // guarded by sessions_mu_
   std::mt19937_64 id_rng_;                                         // guarded by sessions_mu_
+  std::mutex measure_mu_;  // one MeasureSavings at a time, so that measurements do not overlap
 };
 
 }  // namespace tigon::server

@@ -36,8 +36,7 @@ bool OneOf(const std::string& value, std::initializer_list<const char*> allowed)
 
 }  // namespace
 
-grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
-  const int64_t rows = batch.batch(), seq_len = batch.seq_len();
+grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits) {
   if (rows <= 0 || seq_len <= 0) {
     std::ostringstream out;
     out << "batch and seq_len must be positive (got batch=" << rows << ", seq_len=" << seq_len << ")";
@@ -52,13 +51,20 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
         << " tokens per request this server accepts (--max-batch-tokens)";
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, out.str());
   }
-  const int64_t tokens = rows * seq_len;
   if (limits.max_position_embeddings > 0 && seq_len > limits.max_position_embeddings) {
     std::ostringstream out;
     out << "seq_len " << seq_len << " is longer than the model's max_position_embeddings "
         << limits.max_position_embeddings;
     return Invalid(out.str());
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
+  const int64_t rows = batch.batch(), seq_len = batch.seq_len();
+  grpc::Status shape = ValidateBatchShape(rows, seq_len, limits);
+  if (!shape.ok()) return shape;
+  const int64_t tokens = rows * seq_len;
   auto check_size = [&](const char* field, int64_t size, bool optional) -> grpc::Status {
     if (size == tokens || (optional && size == 0)) return grpc::Status::OK;
     std::ostringstream out;

@@ -25,6 +25,8 @@ struct BatchLimits {
 // with a positive weight. RESOURCE_EXHAUSTED when batch * seq_len is over --max-batch-tokens;
 // INVALID_ARGUMENT for everything else.
 grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits);
+// The part of ValidateBatch that needs only the shape: positive, within the limit and the model.
+grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits);
 
 tigon::Batch ToEngineBatch(const v1::Batch& batch);
 

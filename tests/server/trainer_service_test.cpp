@@ -78,9 +78,10 @@ class FakeSession : public tigon::Session {
       stats->loss = 3.0 / step_;
       stats->tokens = batch.batch * (batch.seq_len - 1);
       stats->lr = overrides.lr.value_or(options_.optimizer.lr);
-      stats->wall_seconds = 0.01;
-      stats->tokens_per_second = 100.0;
-      stats->peak_allocated_bytes = 4096;
+      const bool fused = options_.kernels == "fused";
+      stats->wall_seconds = fused ? 0.01 : 0.02;
+      stats->tokens_per_second = fused ? 200.0 : 100.0;
+      stats->peak_allocated_bytes = fused ? 4096 : 10000;
     });
   }
   tigon::Status Forward(const tigon::Batch& batch, tigon::ForwardResult* result) override {
@@ -545,6 +546,50 @@ TEST_F(TrainerServiceTest, ServerInfoReportsLimitsAndVersions) {
   EXPECT_FALSE(info.auth_required());
   EXPECT_TRUE(info.checkpoints_enabled());
   EXPECT_EQ(info.active_sessions(), 1);
+}
+
+TEST_F(TrainerServiceTest, MeasureSavingsRunsTemporaryTwinsAndLeavesTheSessionAlone) {
+  ServiceConfig config;
+  config.max_sessions = 2;
+  Start(config);
+  const std::string id = Create();
+  v1::MeasureSavingsRequest request;
+  request.set_session_id(id);
+  request.set_batch(2);
+  request.set_seq_len(16);
+  v1::MeasureSavingsResponse response;
+  {
+    grpc::ClientContext ctx;
+    auto status = stub_->MeasureSavings(&ctx, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(response.fused().peak_allocated_bytes(), 4096);
+  EXPECT_EQ(response.reference().peak_allocated_bytes(), 10000);
+  EXPECT_EQ(response.saved_bytes(), 10000 - 4096);
+  EXPECT_DOUBLE_EQ(response.speedup(), 2.0);
+  EXPECT_EQ(engine_.sessions_created, 3);
+  EXPECT_EQ(engine_.train_steps, 4);
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest get;
+    get.set_session_id(id);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->GetSession(&ctx, get, &info).ok());
+    EXPECT_EQ(info.step(), 0);
+  }
+  const std::string text = metrics_.Render();
+  EXPECT_NE(text.find("tigon_savings_peak_allocated_bytes{session=\"" + id +
+                      "\",model_family=\"llama\",kernels=\"reference\"} 10000"),
+            std::string::npos)
+      << text;
+  request.set_seq_len(65);
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub_->MeasureSavings(&ctx, request, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The measurement needs a free session slot: with the limit reached it is refused.
+  Create();
+  request.set_seq_len(16);
+  grpc::ClientContext full;
+  EXPECT_EQ(stub_->MeasureSavings(&full, request, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
 }  // namespace

@@ -12,12 +12,14 @@
 from .client import Client, Future, Session, connect
 from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                      PermissionDenied, ResourceExhausted, TigonError, Unauthenticated, Unavailable)
-from .results import CheckpointResult, DeviceInfo, ForwardResult, ServerInfo, SessionInfo, StepResult
+from .results import (CheckpointResult, DeviceInfo, ForwardResult, KernelMeasurement, SavingsResult, ServerInfo,
+                      SessionInfo, StepResult)
 
 __all__ = [
     "connect", "Client", "Session", "Future",
     "TigonError", "InvalidArgument", "NotFound", "ResourceExhausted", "Unauthenticated", "PermissionDenied",
     "FailedPrecondition", "DeadlineExceeded", "Unavailable", "Cancelled", "Internal",
     "StepResult", "ForwardResult", "CheckpointResult", "SessionInfo", "ServerInfo", "DeviceInfo",
+    "SavingsResult", "KernelMeasurement",
 ]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ import grpc
 
 from . import _batch
 from .errors import InvalidArgument, TigonError, from_rpc_error
-from .results import CheckpointResult, ForwardResult, ServerInfo, SessionInfo, StepResult
+from .results import CheckpointResult, ForwardResult, SavingsResult, ServerInfo, SessionInfo, StepResult
 from .v1 import trainer_pb2 as pb
 from .v1 import trainer_pb2_grpc as pb_grpc
 
@@ -330,6 +330,19 @@ class Session:
     def load_async(self, path, *, timeout=None):
         request = pb.LoadCheckpointRequest(session_id=self.id, path=os.fspath(path))
         return self._client._call_async("LoadCheckpoint", request, _checkpoint_result, timeout)
+
+    # ---- memory savings ----
+
+    def measure_savings(self, batch, seq_len, *, timeout=None):
+        """Peak memory and time of one training step with fused and with reference kernels for this
+        session's model and a [batch, seq_len] batch, measured on temporary sessions (this one is not
+        changed)."""
+        request = pb.MeasureSavingsRequest(session_id=self.id, batch=int(batch), seq_len=int(seq_len))
+        return self._client._call("MeasureSavings", request, SavingsResult.from_proto, timeout)
+
+    def measure_savings_async(self, batch, seq_len, *, timeout=None):
+        request = pb.MeasureSavingsRequest(session_id=self.id, batch=int(batch), seq_len=int(seq_len))
+        return self._client._call_async("MeasureSavings", request, SavingsResult.from_proto, timeout)
 
     # ---- lifetime ----
 

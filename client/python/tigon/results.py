@@ -102,3 +102,28 @@ class ServerInfo:
                    max_message_bytes=m.limits.max_message_bytes, auth_required=m.auth_required,
                    checkpoints_enabled=m.checkpoints_enabled, active_sessions=m.active_sessions,
                    uptime_seconds=m.uptime_seconds)
+
+
+@dataclass(frozen=True)
+class KernelMeasurement:
+    kernels: str               # "fused" | "reference"
+    peak_memory_bytes: int     # peak allocated device memory of a training step (CPU: 0)
+    peak_reserved_bytes: int
+    step_seconds: float
+    tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class SavingsResult:
+    fused: KernelMeasurement
+    reference: KernelMeasurement
+    saved_bytes: int           # reference peak - fused peak
+    speedup: float             # reference step time / fused step time
+
+    @classmethod
+    def from_proto(cls, m):
+        def one(k):
+            return KernelMeasurement(kernels=k.kernels, peak_memory_bytes=k.peak_allocated_bytes,
+                                     peak_reserved_bytes=k.peak_reserved_bytes, step_seconds=k.step_seconds,
+                                     tokens_per_second=k.tokens_per_second)
+        return cls(fused=one(m.fused), reference=one(m.reference), saved_bytes=m.saved_bytes, speedup=m.speedup)

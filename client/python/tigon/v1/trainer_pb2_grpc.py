@@ -70,6 +70,11 @@ class TrainerStub(object):
                 request_serializer=tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=tigon_dot_v1_dot_trainer__pb2.ServerInfo.FromString,
                 )
+        self.MeasureSavings = channel.unary_unary(
+                '/tigon.v1.Trainer/MeasureSavings',
+                request_serializer=tigon_dot_v1_dot_trainer__pb2.MeasureSavingsRequest.SerializeToString,
+                response_deserializer=tigon_dot_v1_dot_trainer__pb2.MeasureSavingsResponse.FromString,
+                )
 
 
 class TrainerServicer(object):
@@ -146,6 +151,15 @@ class TrainerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MeasureSavings(self, request, context):
+        """Peak memory and time of one training step with fused and with reference kernels, for the session's
+        model, precision and devices and a given batch shape. Runs on two temporary sessions (random
+        tokens, seeded) and leaves the session itself untouched; the results are also exported as metrics.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +217,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.FromString,
                     response_serializer=tigon_dot_v1_dot_trainer__pb2.ServerInfo.SerializeToString,
+            ),
+            'MeasureSavings': grpc.unary_unary_rpc_method_handler(
+                    servicer.MeasureSavings,
+                    request_deserializer=tigon_dot_v1_dot_trainer__pb2.MeasureSavingsRequest.FromString,
+                    response_serializer=tigon_dot_v1_dot_trainer__pb2.MeasureSavingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,5 +418,22 @@ class Trainer(object):
         return grpc.experimental.unary_unary(request, target, '/tigon.v1.Trainer/GetServerInfo',
             tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.SerializeToString,
             tigon_dot_v1_dot_trainer__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def MeasureSavings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/tigon.v1.Trainer/MeasureSavings',
+            tigon_dot_v1_dot_trainer__pb2.MeasureSavingsRequest.SerializeToString,
+            tigon_dot_v1_dot_trainer__pb2.MeasureSavingsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
