@@ -29,7 +29,9 @@ class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 TEST_P(ParityTest, LogitsLossAndGradientsMatchHuggingFace) {
   const auto& [family, fused, cuda] = GetParam();
   // The CUDA cases exist only in CUDA builds (the GPU machine), where a GPU is expected.
-  if (cuda) ASSERT_TRUE(torch::cuda::is_available()) << "CUDA build without a usable GPU";
+  if (cuda) {
+    ASSERT_TRUE(torch::cuda::is_available()) << "CUDA build without a usable GPU";
+  }
   const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   const char* where = cuda ? "cuda" : "cpu";
   const ModelConfig config = ModelConfig::FromJson(testing::ReadConfig(family));
