@@ -9,6 +9,6 @@ cd .deps/debs
 apt-get download libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libprotobuf-dev libprotobuf32 \
   libprotobuf-lite32 libprotoc32 protobuf-compiler protobuf-compiler-grpc libabsl-dev libabsl20220623 \
   libc-ares2 libc-ares-dev libre2-9 libre2-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libssl-dev \
-  libssl3 zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libbrotli-dev libbrotli1 libgtest-dev \
+  libssl3 zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libgtest-dev \
   libgmock-dev googletest 2>&1 | grep -v "couldn't be accessed by user '_apt'" || true
 ls | wc -l
