@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace tigon::server {
@@ -22,8 +23,12 @@ std::string Escape(const std::string& value) {
 std::string Number(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  // The shortest form that reads back as the same double ("0.0025", not "0.0025000000000000001").
   char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.17g", value);
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
   return buffer;
 }
 
