@@ -13,7 +13,10 @@ namespace {
 constexpr int kForwardPacksPerThread = 4;
 constexpr int kBackwardPacksPerThread = 2;
 constexpr int kMaxThreads = 512;  // __launch_bounds__: leaves 128 registers per thread for the row
-constexpr int kBackwardBlocksPerSm = 4;
+// Partials are [blocks, hidden] fp32: 2 blocks per SM is 4 MiB at hidden 4096 (8 for LayerNorm's two),
+// which keeps one forward + backward of 8192 x 4096 bf16 near TARGETS' 130 MiB; each block runs up to 512
+// threads with one pack each, so two blocks still keep 32 KiB of loads in flight per SM.
+constexpr int kBackwardBlocksPerSm = 2;
 
 template <typename T, typename W, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) layer_norm_forward_kernel(const LayerNormForwardParams p) {
@@ -219,10 +222,10 @@ cudaError_t launch_backward(const LayerNormBackwardParams& p, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(num_partials));
   if (vectorize) {
     layer_norm_backward_kernel<T, W, kVec>
-        <<<grid, threads_for(p.hidden / kVec, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
+        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
   } else {
     layer_norm_backward_kernel<T, W, 1>
-        <<<grid, threads_for(p.hidden, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
+        <<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;

@@ -14,7 +14,10 @@ namespace {
 constexpr int kMaxPacksPerThread = 4;       // forward: one row-sized array in registers
 constexpr int kBackwardPacksPerThread = 2;  // backward: three (x, dy, dweight partials)
 constexpr int kMaxThreads = 512;  // __launch_bounds__: leaves 128 registers per thread for the row
-constexpr int kBackwardBlocksPerSm = 4;
+// Partials are [blocks, hidden] fp32: 2 blocks per SM is 4 MiB at hidden 4096 (8 for LayerNorm's two),
+// which keeps one forward + backward of 8192 x 4096 bf16 near TARGETS' 130 MiB; each block runs up to 512
+// threads with one pack each, so two blocks still keep 32 KiB of loads in flight per SM.
+constexpr int kBackwardBlocksPerSm = 2;
 
 // y for one element: x_hat = h * rstd, w as stored.
 template <typename T, typename W>
@@ -227,13 +230,13 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
                          rows_aligned(p.weight, 0, kVec, sizeof(W));
   const int64_t num_partials = rms_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
-  // Fewer packs per thread than forward: more threads per row, since fewer blocks run.
+  // One pack per thread (up to 512 threads): as many threads per row as possible, since few blocks run.
   if (vectorize) {
     rms_norm_backward_kernel<T, W, O, kVec>
-        <<<grid, threads_for(p.hidden / kVec, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
+        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
   } else {
     rms_norm_backward_kernel<T, W, O, 1>
-        <<<grid, threads_for(p.hidden, kBackwardPacksPerThread, kMaxThreads), 0, stream>>>(p);
+        <<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
