@@ -4,7 +4,8 @@
     python3 -m tigon.finetune --server-bin build/server/tigon-server --text corpus.txt --kernels fused,reference
 
 Text is tokenised as UTF-8 bytes (a vocabulary of 256, which the default model has); --ids reads
-pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Batches are windows of
+pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Without either it trains on
+generated sentences ("three plus four is seven."), so the demo needs no data. Batches are windows of
 seq_len tokens at seeded random offsets; labels are the inputs shifted by one. With several --kernels
 choices the same run (same seed, same batches) is repeated for each, and a comparison is printed.
 """
@@ -16,20 +17,40 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import tigon
 
 
 def default_config(args):
-    return dict(model_type=args.family, vocab_size=256, hidden_size=args.hidden,
-                intermediate_size=args.intermediate or 2 * args.hidden, num_hidden_layers=args.layers,
-                num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
-                max_position_embeddings=max(args.seq_len, 128), rms_norm_eps=1e-6,
-                tie_word_embeddings=False)
+    config = dict(model_type=args.family, vocab_size=256, hidden_size=args.hidden,
+                  intermediate_size=args.intermediate or 2 * args.hidden, num_hidden_layers=args.layers,
+                  num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
+                  max_position_embeddings=max(args.seq_len, 128), rms_norm_eps=1e-6,
+                  tie_word_embeddings=args.family == "gemma")
+    if args.family == "gemma":
+        config.update(head_dim=args.hidden // args.heads, hidden_activation="gelu_pytorch_tanh")
+    return config
+
+
+def generated_text(min_bytes=200000, seed=1234):
+    """Sentences with learnable structure: small additions written in words."""
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen"]
+    rng = random.Random(seed)
+    parts, size = [], 0
+    while size < min_bytes:
+        a, b = rng.randrange(10), rng.randrange(10)
+        sentence = f"{words[a]} plus {words[b]} is {words[a + b]}. "
+        parts.append(sentence)
+        size += len(sentence)
+    return "".join(parts)
 
 
 def load_tokens(args):
+    if not args.text and not args.ids:
+        return list(generated_text().encode())
     if args.text:
         with open(args.text, "rb") as f:
             return list(f.read())
@@ -143,8 +164,8 @@ def main(argv=None):
     where.add_argument("--server", help="HOST:PORT of a running tigon-server")
     where.add_argument("--server-bin", help="start this tigon-server binary on a free loopback port for the run")
     ap.add_argument("--token-file", help="file with the bearer token")
-    data = ap.add_mutually_exclusive_group(required=True)
-    data.add_argument("--text", help="a text file, tokenised as UTF-8 bytes")
+    data = ap.add_mutually_exclusive_group()
+    data.add_argument("--text", help="a text file, tokenised as UTF-8 bytes (default: generated sentences)")
     data.add_argument("--ids", help="pre-tokenised ids: whitespace-separated integers or a .npy file")
     ap.add_argument("--model", help="a Hugging Face config.json or model folder (default: a small byte-level model)")
     ap.add_argument("--family", default="llama", help="model_type of the default model (default llama)")
@@ -171,7 +192,7 @@ def main(argv=None):
             token = next((line.strip() for line in f if line.strip() and not line.startswith("#")), None)
     proc = None
     if args.server_bin:
-        proc, address = start_local_server(args.server_bin, os.environ.get("TIGON_SERVER_LOG", "tigon-server.log"))
+        proc, address = start_local_server(args.server_bin, os.environ.get("TIGON_SERVER_LOG", os.path.join(tempfile.gettempdir(), "tigon-server.log")))
     else:
         address = args.server
     try:
