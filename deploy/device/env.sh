@@ -13,4 +13,5 @@ export PATH=$DEPS/usr/bin:/opt/torch/.venv/bin:$PATH
 export TIGON_PYTHON=/opt/torch/.venv/bin/python3
 TORCH_CMAKE=$($TIGON_PYTHON -c "import torch; print(torch.utils.cmake_prefix_path)")
 export TORCH_CMAKE
+[[ -d .deps/data ]] && export TIGON_DATA_DIR=$PWD/.deps/data
 export TIGON_BUILD_DIR=${TIGON_BUILD_DIR:-build-gpu}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -12,14 +13,20 @@
 namespace tigon {
 namespace {
 
+// The corpus lives in ../shared/data beside the checkout; TIGON_DATA_DIR points elsewhere (GPU machine).
+std::string DataDir() {
+  const char* dir = std::getenv("TIGON_DATA_DIR");
+  return dir ? dir : TIGON_SHARED_DATA_DIR;
+}
+
 std::string ReadCorpus() {
-  std::ifstream in(std::string(TIGON_SHARED_DATA_DIR) + "/tiny_shakespeare.txt", std::ios::binary);
+  std::ifstream in(DataDir() + "/tiny_shakespeare.txt", std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 TEST(Convergence, TinyShakespeareLossFalls) {
   const std::string text = ReadCorpus();
-  ASSERT_GT(text.size(), 100000u) << "tiny_shakespeare.txt not found under " << TIGON_SHARED_DATA_DIR;
+  ASSERT_GT(text.size(), 100000u) << "tiny_shakespeare.txt not found under " << DataDir();
   SessionOptions options = testing::TinyOptions("fp32", "fused");
   options.config_json = testing::TinyConfig("llama", 64, 2);
   options.optimizer.lr = 1e-2;
