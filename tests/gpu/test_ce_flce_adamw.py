@@ -87,9 +87,11 @@ def poison_allocator(mib=1024):
     del block
 
 
-# Rounding of the gradient to its dtype (relative half-ulp: fp32 2^-24, bf16 2^-9, fp16 2^-11) on top of fp32
-# arithmetic; the absolute floor covers entries that are small differences of larger terms.
-GRAD_TOL = {torch.float32: (2e-5, 2e-6), torch.bfloat16: (8e-3, 2e-3), torch.float16: (2e-3, 5e-4)}
+# Rounding of the gradient to its dtype (relative half-ulp: bf16 2^-9, fp16 2^-11) on top of fp32 arithmetic.
+# fp32: the fp32 sum over V terms puts a relative error of up to ~1e-5 on lse, which shifts every probability
+# by that much; 1e-4 leaves margin at V = 256000. The absolute floor covers entries that are small
+# differences of larger terms (label smoothing, the target's -1).
+GRAD_TOL = {torch.float32: (1e-4, 1e-6), torch.bfloat16: (8e-3, 2e-3), torch.float16: (2e-3, 5e-4)}
 # The loss is computed in fp32 from exactly the values the reference upcasts: only fp32 sums over V terms.
 LOSS_TOL = (2e-5, 1e-6)
 
