@@ -1,0 +1,70 @@
+"""The service on a CUDA machine (run by the device scripts, not by scripts/test.sh):
+
+    TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/integration/gpu
+
+bf16 training on the GPU, device out-of-memory as RESOURCE_EXHAUSTED with the session still usable after
+it, and MeasureSavings showing the fused kernels' lower peak memory.
+"""
+import math
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+
+import tigon
+from conftest import CORPUS, byte_batches
+
+SMALL = dict(model_type="llama", vocab_size=256, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5,
+             tie_word_embeddings=False)
+# A Llama 3.2 1B-like shape with its 128k vocabulary: where the fused cross entropy saves the most.
+WIDE_VOCAB = dict(SMALL, vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=2,
+                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072)
+
+
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory):
+    from conftest import ServerProcess
+    tmp = tmp_path_factory.mktemp("gpu")
+    server = ServerProcess(str(tmp), "--max-batch-tokens=1048576", "--max-message-bytes=268435456",
+                           f"--checkpoint-root={tmp / 'ckpt'}")
+    info = server.client().server_info()
+    assert info.devices, "these tests need a CUDA device"
+    yield server
+    server.stop()
+
+
+def test_bf16_training_on_the_gpu(gpu_server):
+    client = gpu_server.client()
+    with client.create_session(SMALL, precision="bf16_mixed", optimizer=dict(lr=3e-3)) as session:
+        assert session.info_at_creation.devices == [0]
+        results = [session.train_step(b) for b in byte_batches(CORPUS, 8, 256, 40)]
+    assert all(math.isfinite(r.loss) for r in results)
+    assert np.mean([r.loss for r in results[-5:]]) < 0.6 * results[0].loss
+    assert results[-1].peak_memory_bytes > 0 and results[-1].peak_reserved_bytes >= results[-1].peak_memory_bytes
+
+
+def test_device_out_of_memory_is_resource_exhausted_and_the_session_survives(gpu_server):
+    client = gpu_server.client()
+    with client.create_session(WIDE_VOCAB, precision="bf16", kernels="reference") as session:
+        # 4 x 65536 tokens with the unfused cross entropy: the bf16 logits alone are 67 GB, their fp32
+        # copy 134 GB, more than the card holds.
+        huge = np.random.default_rng(0).integers(0, 128256, size=(4, 65536), dtype=np.int32)
+        with pytest.raises(tigon.ResourceExhausted, match=re.compile("memory", re.I)):
+            session.train_step(huge)
+        assert session.info().step == 0 and session.info().accumulated_batches == 0
+        small = np.random.default_rng(1).integers(0, 128256, size=(2, 256), dtype=np.int32)
+        assert session.train_step(small).step == 1
+    with urllib.request.urlopen(gpu_server.metrics_url, timeout=10) as response:
+        assert re.search(r'tigon_out_of_memory_total\{model_family="llama"\} [1-9]', response.read().decode())
+
+
+def test_fused_kernels_lower_the_peak_memory(gpu_server):
+    client = gpu_server.client()
+    with client.create_session(WIDE_VOCAB, precision="bf16") as session:
+        savings = session.measure_savings(4, 2048)
+    assert savings.fused.peak_memory_bytes > 0
+    assert savings.saved_bytes > 0.2 * savings.reference.peak_memory_bytes, savings
+    print(f"fused {savings.fused.peak_memory_bytes / 2**30:.2f} GiB vs reference "
+          f"{savings.reference.peak_memory_bytes / 2**30:.2f} GiB, speedup {savings.speedup:.2f}x")
