@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
 import tigon  # noqa: E402
 
-from hf_baseline import MODELS  # noqa: E402  (the same configs as the Hugging Face baseline)
+from model_configs import MODELS  # noqa: E402  (the same configs as the Hugging Face baseline)
 
 
 def free_port():

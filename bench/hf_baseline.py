@@ -16,14 +16,7 @@ import time
 import torch
 import transformers
 
-MODELS = {
-    "llama3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64,
-                        rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                      rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5),
-}
+from model_configs import MODELS  # noqa: E402
 
 
 def build(name):

@@ -23,7 +23,10 @@ for phase in $PHASES; do
     enginetest) run_phase enginetest $TIGON_BUILD_DIR/tests/tigon_engine_tests ;;
     train) run_phase train $TIGON_BUILD_DIR/engine/tigon-train --steps 100 --batch 16 --seq 256 --hidden 256 --layers 4 --precision bf16_mixed ;;
     bench) for s in bench/bench_*.py; do n=$(basename $s .py); TAIL_LINES=25 run_phase $n $TIGON_PYTHON $s --out "$LOGS/$n.json"; done ;;
-    e2e) run_phase e2e_fused $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference --out "$LOGS/e2e.json" ;;
+    hf) run_phase hf_llama1b $TIGON_PYTHON bench/hf_baseline.py --model llama3.2-1b --batch 8 --seq 2048 --out "$LOGS/hf_llama1b.json" ;;
+    hf8b) run_phase hf_llama8b $TIGON_PYTHON bench/hf_baseline.py --model llama3-8b --batch 8 --seq 1024 --out "$LOGS/hf_llama8b.json" ;;
+    e2e8b) run_phase e2e_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused --out "$LOGS/e2e_llama8b.json" ;;
+    e2e) run_phase e2e_llama1b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference --out "$LOGS/e2e_llama1b.json" ;;
   esac
 done
 echo; echo "| phase | result |"; echo "| --- | --- |"
