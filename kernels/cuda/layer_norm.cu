@@ -221,11 +221,9 @@ cudaError_t launch_backward(const LayerNormBackwardParams& p, cudaStream_t strea
   const int64_t num_partials = layer_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
   if (vectorize) {
-    layer_norm_backward_kernel<T, W, kVec>
-        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
+    layer_norm_backward_kernel<T, W, kVec><<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
   } else {
-    layer_norm_backward_kernel<T, W, 1>
-        <<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
+    layer_norm_backward_kernel<T, W, 1><<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;

@@ -16,14 +16,14 @@
 namespace tigon::cuda {
 
 struct LayerNormForwardParams {
-  const void* x = nullptr;           // [rows, hidden]
+  const void* x = nullptr;  // [rows, hidden]
   int64_t x_row_stride = 0;
-  const void* weight = nullptr;      // [hidden]
-  const void* bias = nullptr;        // [hidden] or null; dtype of weight
-  void* y = nullptr;                 // [rows, hidden], dtype of x
+  const void* weight = nullptr;  // [hidden]
+  const void* bias = nullptr;    // [hidden] or null; dtype of weight
+  void* y = nullptr;             // [rows, hidden], dtype of x
   int64_t y_row_stride = 0;
-  float* mean = nullptr;             // [rows]
-  float* rstd = nullptr;             // [rows]
+  float* mean = nullptr;  // [rows]
+  float* rstd = nullptr;  // [rows]
   int64_t rows = 0;
   int64_t hidden = 0;
   float eps = 1e-5f;
@@ -32,19 +32,19 @@ struct LayerNormForwardParams {
 };
 
 struct LayerNormBackwardParams {
-  const void* dy = nullptr;          // [rows, hidden], dtype of x
+  const void* dy = nullptr;  // [rows, hidden], dtype of x
   int64_t dy_row_stride = 0;
   const void* x = nullptr;
   int64_t x_row_stride = 0;
   const void* weight = nullptr;
   const float* mean = nullptr;
   const float* rstd = nullptr;
-  void* dx = nullptr;                // [rows, hidden], dtype of x
+  void* dx = nullptr;  // [rows, hidden], dtype of x
   int64_t dx_row_stride = 0;
-  void* dweight = nullptr;           // [hidden], dtype of weight
-  void* dbias = nullptr;             // [hidden] or null
-  float* dweight_partials = nullptr; // [layer_norm_backward_num_partials(rows), hidden] scratch
-  float* dbias_partials = nullptr;   // same shape, or null when dbias is null
+  void* dweight = nullptr;            // [hidden], dtype of weight
+  void* dbias = nullptr;              // [hidden] or null
+  float* dweight_partials = nullptr;  // [layer_norm_backward_num_partials(rows), hidden] scratch
+  float* dbias_partials = nullptr;    // same shape, or null when dbias is null
   int64_t rows = 0;
   int64_t hidden = 0;
   DType x_dtype = DType::kFloat32;

@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kMaxPacksPerThread = 4;       // forward: one row-sized array in registers
 constexpr int kBackwardPacksPerThread = 2;  // backward: three (x, dy, dweight partials)
-constexpr int kMaxThreads = 512;  // __launch_bounds__: leaves 128 registers per thread for the row
+constexpr int kMaxThreads = 512;            // __launch_bounds__: leaves 128 registers per thread for the row
 // Partials are [blocks, hidden] fp32: 2 blocks per SM is 4 MiB at hidden 4096 (8 for LayerNorm's two),
 // which keeps one forward + backward of 8192 x 4096 bf16 near TARGETS' 130 MiB; each block runs up to 512
 // threads with one pack each, so two blocks still keep 32 KiB of loads in flight per SM.
@@ -232,11 +232,9 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
   const dim3 grid(static_cast<unsigned>(num_partials));
   // One pack per thread (up to 512 threads): as many threads per row as possible, since few blocks run.
   if (vectorize) {
-    rms_norm_backward_kernel<T, W, O, kVec>
-        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
+    rms_norm_backward_kernel<T, W, O, kVec><<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
   } else {
-    rms_norm_backward_kernel<T, W, O, 1>
-        <<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
+    rms_norm_backward_kernel<T, W, O, 1><<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;

@@ -21,39 +21,39 @@
 namespace tigon::cuda {
 
 struct RMSNormForwardParams {
-  const void* x = nullptr;           // [rows, hidden]
-  int64_t x_row_stride = 0;          // in elements
-  const void* residual = nullptr;    // [rows, hidden] or null (plain RMSNorm); same dtype as x
+  const void* x = nullptr;         // [rows, hidden]
+  int64_t x_row_stride = 0;        // in elements
+  const void* residual = nullptr;  // [rows, hidden] or null (plain RMSNorm); same dtype as x
   int64_t residual_row_stride = 0;
-  void* residual_out = nullptr;      // [rows, hidden] x + residual (dtype of x); required with residual
+  void* residual_out = nullptr;  // [rows, hidden] x + residual (dtype of x); required with residual
   int64_t residual_out_row_stride = 0;
-  const void* weight = nullptr;      // [hidden], contiguous
-  void* y = nullptr;                 // [rows, hidden]
+  const void* weight = nullptr;  // [hidden], contiguous
+  void* y = nullptr;             // [rows, hidden]
   int64_t y_row_stride = 0;
-  float* rstd = nullptr;             // [rows]
+  float* rstd = nullptr;  // [rows]
   int64_t rows = 0;
   int64_t hidden = 0;
   float eps = 1e-6f;
   float offset = 0.f;
   RMSNormCasting casting = RMSNormCasting::kLlama;
-  DType x_dtype = DType::kFloat32;   // x, residual, residual_out
+  DType x_dtype = DType::kFloat32;       // x, residual, residual_out
   DType weight_dtype = DType::kFloat32;  // equal to x_dtype, or kFloat32
   DType y_dtype = DType::kFloat32;       // x_dtype, or kFloat32 when weight is fp32 (type promotion)
 };
 
 struct RMSNormBackwardParams {
-  const void* dy = nullptr;          // [rows, hidden], dtype y_dtype
+  const void* dy = nullptr;  // [rows, hidden], dtype y_dtype
   int64_t dy_row_stride = 0;
-  const void* x = nullptr;           // the normalised input (residual_out for add + RMSNorm)
+  const void* x = nullptr;  // the normalised input (residual_out for add + RMSNorm)
   int64_t x_row_stride = 0;
   const void* d_residual_out = nullptr;  // [rows, hidden] or null; added to dx (dtype of x)
   int64_t d_residual_out_row_stride = 0;
   const void* weight = nullptr;
   const float* rstd = nullptr;
-  void* dx = nullptr;                // [rows, hidden], dtype of x
+  void* dx = nullptr;  // [rows, hidden], dtype of x
   int64_t dx_row_stride = 0;
-  void* dweight = nullptr;           // [hidden], dtype of weight
-  float* dweight_partials = nullptr; // [rms_norm_backward_num_partials(rows), hidden] scratch
+  void* dweight = nullptr;            // [hidden], dtype of weight
+  float* dweight_partials = nullptr;  // [rms_norm_backward_num_partials(rows), hidden] scratch
   int64_t rows = 0;
   int64_t hidden = 0;
   float offset = 0.f;

@@ -33,10 +33,9 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kernel(const RopeParams p) {
     const bool is_q = head < p.q.heads;
     const RopeTensor& t = is_q ? p.q : p.k;
     if (!is_q) head -= p.q.heads;
-    const T* in = static_cast<const T*>(t.in) + batch * t.in_strides[0] + head * t.in_strides[1] +
-                  position * t.in_strides[2];
-    T* out = static_cast<T*>(t.out) + batch * t.out_strides[0] + head * t.out_strides[1] +
-             position * t.out_strides[2];
+    const T* in =
+        static_cast<const T*>(t.in) + batch * t.in_strides[0] + head * t.in_strides[1] + position * t.in_strides[2];
+    T* out = static_cast<T*>(t.out) + batch * t.out_strides[0] + head * t.out_strides[1] + position * t.out_strides[2];
     float x1[kVec], x2[kVec], y1[kVec], y2[kVec];
     load_floats<T, kVec>(in + i0, x1);
     load_floats<T, kVec>(in + half + i0, x2);
@@ -69,8 +68,8 @@ template <typename T>
 cudaError_t launch(const RopeParams& p, cudaStream_t stream) {
   constexpr int kVec = kElemsPer16Bytes<T>;
   const int64_t half = p.head_dim / 2;
-  const bool vectorize = half % kVec == 0 && tensor_aligned(p.q, kVec, sizeof(T)) &&
-                         tensor_aligned(p.k, kVec, sizeof(T));
+  const bool vectorize =
+      half % kVec == 0 && tensor_aligned(p.q, kVec, sizeof(T)) && tensor_aligned(p.k, kVec, sizeof(T));
   const dim3 grid(static_cast<unsigned>(p.batch * p.seq_len));
   const size_t shared = 2 * static_cast<size_t>(p.head_dim) * sizeof(float);
   const int64_t heads = p.q.heads + p.k.heads;

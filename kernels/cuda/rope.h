@@ -20,21 +20,21 @@ struct RopeTensor {
   const void* in = nullptr;
   void* out = nullptr;
   int64_t heads = 0;
-  int64_t in_strides[3] = {0, 0, 0};   // batch, head, position (elements)
+  int64_t in_strides[3] = {0, 0, 0};  // batch, head, position (elements)
   int64_t out_strides[3] = {0, 0, 0};
 };
 
 struct RopeParams {
   RopeTensor q;
-  RopeTensor k;                      // k.heads == 0: q only
+  RopeTensor k;  // k.heads == 0: q only
   const void* cos = nullptr;
   const void* sin = nullptr;
-  int64_t cos_strides[2] = {0, 0};   // batch (0 = shared), position; same for sin
+  int64_t cos_strides[2] = {0, 0};  // batch (0 = shared), position; same for sin
   int64_t sin_strides[2] = {0, 0};
   int64_t batch = 0;
   int64_t seq_len = 0;
-  int64_t head_dim = 0;              // even
-  DType dtype = DType::kFloat32;     // q, k, cos, sin and outputs
+  int64_t head_dim = 0;           // even
+  DType dtype = DType::kFloat32;  // q, k, cos, sin and outputs
   bool backward = false;
 };
 

@@ -2,11 +2,12 @@
 // CUDA tensors go to kernels/cuda/geglu.cu; CPU tensors run the same math here in fp32 (float64 for float64
 // inputs), rounded once.
 // Saved: a and b. Backward recomputes the activation instead of keeping it.
+#include "kernels/cuda/geglu.h"
+
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include "kernels/cuda/geglu.h"
 #include "kernels/ops/cuda_glue.h"
 #include "kernels/ops/ops.h"
 
@@ -27,8 +28,7 @@ torch::ScalarType AccumulateType(torch::ScalarType t) {
 void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(a.dim() >= 1, "tigon::geglu: a needs at least one dim");
   TORCH_CHECK(a.sizes() == b.sizes(), "tigon::geglu: a ", a.sizes(), " and b ", b.sizes(), " differ");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::geglu: a is ", a.scalar_type(), ", b is ",
-              b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::geglu: a is ", a.scalar_type(), ", b is ", b.scalar_type());
   TORCH_CHECK(a.device() == b.device(), "tigon::geglu: a and b on different devices");
 }
 
@@ -50,7 +50,7 @@ torch::Tensor GeGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
 
 // gelu'(a) = s + 2 a s (1 - s) u'(a), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 a^2).
 std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a,
-                                                          const torch::Tensor& b) {
+                                                         const torch::Tensor& b) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
   auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
@@ -63,8 +63,12 @@ std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCpu(const torch::Tensor& dy
 // ---- CUDA path ------------------------------------------------------------------------------------------
 
 #ifdef TIGON_CUDA_KERNELS
-cuda::GluOperand Operand(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
-cuda::GluOutput Output(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
+cuda::GluOperand Operand(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0)};
+}
+cuda::GluOutput Output(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0)};
+}
 
 torch::Tensor GeGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
   auto a2d = AsRows(a), b2d = AsRows(b);
@@ -82,7 +86,7 @@ torch::Tensor GeGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a,
-                                                           const torch::Tensor& b) {
+                                                          const torch::Tensor& b) {
   auto a2d = AsRows(a), b2d = AsRows(b), dy2d = AsRows(dy);
   auto da = torch::empty({a2d.size(0), a2d.size(1)}, a.options());
   auto db = torch::empty_like(da);
@@ -130,14 +134,22 @@ class GeGLUFunction : public torch::autograd::Function<GeGLUFunction> {
   }
 };
 
-torch::Tensor GeGLUOp(const torch::Tensor& a, const torch::Tensor& b) { return GeGLUFunction::apply(a, b); }
+torch::Tensor GeGLUOp(const torch::Tensor& a, const torch::Tensor& b) {
+  return GeGLUFunction::apply(a, b);
+}
 
 }  // namespace
 
-torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) { return GeGLUOp(a, b); }
+torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) {
+  return GeGLUOp(a, b);
+}
 
 }  // namespace tigon::ops
 
-TORCH_LIBRARY_FRAGMENT(tigon, m) { m.def("geglu(Tensor a, Tensor b) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(tigon, m) {
+  m.def("geglu(Tensor a, Tensor b) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("geglu", &tigon::ops::GeGLUOp); }
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {
+  m.impl("geglu", &tigon::ops::GeGLUOp);
+}

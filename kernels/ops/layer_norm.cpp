@@ -4,12 +4,13 @@
 // Saved: x, weight, and per-row mean and rstd. Backward recomputes x_hat = (x - mean) * rstd; dweight and
 // dbias are reduced in two stages (per-block partial sums, then a sum over blocks): deterministic.
 // Output dtype = x's (as torch.nn.functional.layer_norm with a float32 weight on bf16 input).
+#include "kernels/cuda/layer_norm.h"
+
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include "kernels/cuda/layer_norm.h"
 #include "kernels/ops/cuda_glue.h"
 #include "kernels/ops/ops.h"
 
@@ -33,8 +34,8 @@ torch::Tensor AsRows(const torch::Tensor& t, int64_t hidden) {
 
 void CheckInputs(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() >= 1, "tigon::layer_norm: x needs at least one dim");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "tigon::layer_norm: weight must be [",
-              x.size(-1), "], got ", weight.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "tigon::layer_norm: weight must be [", x.size(-1),
+              "], got ", weight.sizes());
   TORCH_CHECK(!bias.defined() || bias.sizes() == weight.sizes(), "tigon::layer_norm: bias must be [", x.size(-1),
               "], got ", bias.sizes());
   TORCH_CHECK(weight.device() == x.device() && (!bias.defined() || bias.device() == x.device()),
@@ -107,8 +108,7 @@ Statistics LayerNormForwardCuda(const torch::Tensor& x2d, const torch::Tensor& w
   TORCH_CHECK(!bias.defined() || bias.scalar_type() == weight.scalar_type(),
               "tigon::layer_norm (CUDA): bias and weight dtypes differ");
   const int64_t rows = x2d.size(0), hidden = x2d.size(1);
-  Statistics out{torch::empty({rows, hidden}, x2d.options()),
-                 torch::empty({rows}, x2d.options().dtype(torch::kFloat)),
+  Statistics out{torch::empty({rows, hidden}, x2d.options()), torch::empty({rows}, x2d.options().dtype(torch::kFloat)),
                  torch::empty({rows}, x2d.options().dtype(torch::kFloat))};
   if (rows == 0 || hidden == 0) return out;
   const auto w = weight.contiguous();
@@ -214,13 +214,16 @@ torch::Tensor LayerNormOp(const torch::Tensor& x, const torch::Tensor& weight, c
 
 }  // namespace
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps) {
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
   return LayerNormOp(x, weight, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, eps);
 }
 
 }  // namespace tigon::ops
 
-TORCH_LIBRARY_FRAGMENT(tigon, m) { m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(tigon, m) {
+  m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("layer_norm", &tigon::ops::LayerNormOp); }
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {
+  m.impl("layer_norm", &tigon::ops::LayerNormOp);
+}

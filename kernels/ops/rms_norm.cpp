@@ -5,12 +5,13 @@
 // Backward recomputes x_hat = h * rstd; dweight is reduced in two stages (per-block partial sums, then a
 // sum over blocks) so that it does not depend on thread count or scheduling.
 // Output dtype follows Hugging Face: kGemma returns x's dtype, the other modes promote(x, weight).
+#include "kernels/cuda/rms_norm.h"
+
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include "kernels/cuda/rms_norm.h"
 #include "kernels/ops/cuda_glue.h"
 #include "kernels/ops/ops.h"
 
@@ -45,8 +46,8 @@ torch::Tensor AsRows(const torch::Tensor& t, int64_t hidden) {
 
 void CheckInputs(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.dim() >= 1, "tigon::rms_norm: x needs at least one dim");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "tigon::rms_norm: weight must be [",
-              x.size(-1), "], got ", weight.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "tigon::rms_norm: weight must be [", x.size(-1),
+              "], got ", weight.sizes());
   TORCH_CHECK(weight.device() == x.device(), "tigon::rms_norm: x and weight on different devices");
 }
 
@@ -65,7 +66,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCpu(const torch::Tensor& h
                                                           double eps, double offset, RMSNormCasting casting) {
   const auto acc = AccumulateType(h2d.scalar_type());
   const int64_t rows = h2d.size(0), hidden = h2d.size(1);
-  auto y = torch::empty({rows, hidden}, h2d.options().dtype(OutputType(h2d.scalar_type(), weight.scalar_type(), casting)));
+  auto y =
+      torch::empty({rows, hidden}, h2d.options().dtype(OutputType(h2d.scalar_type(), weight.scalar_type(), casting)));
   auto rstd = torch::empty({rows}, h2d.options().dtype(acc));
   // kLlama multiplies in the promoted dtype by the weight as stored; the others in fp32.
   const auto w_llama = offset == 0.0 ? weight : weight + offset;
@@ -120,8 +122,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCpu(const torch::Tensor& 
 #ifdef TIGON_CUDA_KERNELS
 void CheckCudaTypes(const torch::Tensor& h, const torch::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == h.scalar_type() || weight.scalar_type() == torch::kFloat,
-              "tigon::rms_norm (CUDA): weight must have x's dtype or float32, got ", weight.scalar_type(),
-              " for x ", h.scalar_type());
+              "tigon::rms_norm (CUDA): weight must have x's dtype or float32, got ", weight.scalar_type(), " for x ",
+              h.scalar_type());
 }
 
 // residual2d undefined: plain RMSNorm of x2d. Otherwise h = x2d + residual2d is written to residual_out.
@@ -131,7 +133,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCuda(const torch::Tensor& 
                                                            RMSNormCasting casting) {
   CheckCudaTypes(x2d, weight);
   const int64_t rows = x2d.size(0), hidden = x2d.size(1);
-  auto y = torch::empty({rows, hidden}, x2d.options().dtype(OutputType(x2d.scalar_type(), weight.scalar_type(), casting)));
+  auto y =
+      torch::empty({rows, hidden}, x2d.options().dtype(OutputType(x2d.scalar_type(), weight.scalar_type(), casting)));
   auto rstd = torch::empty({rows}, x2d.options().dtype(torch::kFloat));
   if (rows == 0 || hidden == 0) return {y, rstd};
   const auto w = weight.contiguous();
@@ -217,8 +220,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackward(const torch::Tensor& dy2
 #ifdef TIGON_CUDA_KERNELS
   if (h2d.is_cuda()) {
     return RMSNormBackwardCuda(AsRows(dy2d, h2d.size(1)), h2d,
-                               d_residual_out.defined() ? AsRows(d_residual_out, h2d.size(1)) : d_residual_out,
-                               weight, rstd, offset, casting);
+                               d_residual_out.defined() ? AsRows(d_residual_out, h2d.size(1)) : d_residual_out, weight,
+                               rstd, offset, casting);
   }
 #endif
   return RMSNormBackwardCpu(dy2d, h2d, d_residual_out.defined() ? AsRows(d_residual_out, h2d.size(1)) : d_residual_out,
@@ -249,9 +252,9 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
     const auto& rstd = saved[2];
     c10::OptionalDeviceGuard guard(x2d.device());
     const auto input_sizes = grad_outputs[0].sizes().vec();
-    auto [dx, dweight] = RMSNormBackward(AsRows(grad_outputs[0], x2d.size(1)), x2d, {}, weight, rstd,
-                                         ctx->saved_data["offset"].toDouble(),
-                                         ToCasting(ctx->saved_data["casting"].toInt()));
+    auto [dx, dweight] =
+        RMSNormBackward(AsRows(grad_outputs[0], x2d.size(1)), x2d, {}, weight, rstd,
+                        ctx->saved_data["offset"].toDouble(), ToCasting(ctx->saved_data["casting"].toInt()));
     return {dx.view(input_sizes), dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -261,8 +264,8 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual,
                              const torch::Tensor& weight, double eps, double offset, int64_t casting) {
     CheckInputs(x, weight);
-    TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::add_rms_norm: x ", x.sizes(), " and residual ",
-                residual.sizes(), " differ");
+    TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::add_rms_norm: x ", x.sizes(), " and residual ", residual.sizes(),
+                " differ");
     c10::OptionalDeviceGuard guard(x.device());
     const int64_t hidden = x.size(-1);
     const auto mode = ToCasting(casting);
@@ -273,8 +276,7 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
                   ", residual is ", residual.scalar_type());
       auto x2d = AsRows(x, hidden);
       residual_out = torch::empty({x2d.size(0), hidden}, x2d.options());
-      std::tie(y, rstd) =
-          RMSNormForwardCuda(x2d, AsRows(residual, hidden), residual_out, weight, eps, offset, mode);
+      std::tie(y, rstd) = RMSNormForwardCuda(x2d, AsRows(residual, hidden), residual_out, weight, eps, offset, mode);
     }
 #endif
     if (!y.defined()) {
@@ -294,9 +296,9 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
     const auto& rstd = saved[2];
     c10::OptionalDeviceGuard guard(h2d.device());
     const auto input_sizes = grad_outputs[0].sizes().vec();
-    auto [dh, dweight] = RMSNormBackward(AsRows(grad_outputs[0], h2d.size(1)), h2d, grad_outputs[1], weight, rstd,
-                                         ctx->saved_data["offset"].toDouble(),
-                                         ToCasting(ctx->saved_data["casting"].toInt()));
+    auto [dh, dweight] =
+        RMSNormBackward(AsRows(grad_outputs[0], h2d.size(1)), h2d, grad_outputs[1], weight, rstd,
+                        ctx->saved_data["offset"].toDouble(), ToCasting(ctx->saved_data["casting"].toInt()));
     auto dh_view = dh.view(input_sizes);
     return {dh_view, dh_view, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -332,8 +334,9 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
 // casting: 0 = Llama, 1 = Gemma, 2 = none (tigon::RMSNormCasting).
 TORCH_LIBRARY_FRAGMENT(tigon, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset, int casting) -> Tensor");
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, float offset, int casting) "
-        "-> (Tensor, Tensor)");
+  m.def(
+      "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, float offset, int casting) "
+      "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {

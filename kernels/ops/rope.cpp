@@ -4,11 +4,12 @@
 // Saved: cos and sin only. Backward applies the transposed rotation (by -sin) to the incoming gradients.
 // cos/sin are cast to q's dtype first, as Hugging Face's rotary embedding module returns them; outputs have
 // q's (and k's) dtype. No gradient flows to cos/sin (they are buffers of the rotary module).
+#include "kernels/cuda/rope.h"
+
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include "kernels/cuda/rope.h"
 #include "kernels/ops/cuda_glue.h"
 #include "kernels/ops/ops.h"
 
@@ -25,14 +26,14 @@ torch::ScalarType AccumulateType(torch::ScalarType t) {
 void CheckInputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "tigon::rope: q and k must be [B, H, T, D], got ", q.sizes(), " and ",
               k.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
-              "tigon::rope: q ", q.sizes(), " and k ", k.sizes(), " differ outside the head dim");
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3), "tigon::rope: q ", q.sizes(),
+              " and k ", k.sizes(), " differ outside the head dim");
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), "tigon::rope: q is ", q.scalar_type(), ", k is ", k.scalar_type());
   TORCH_CHECK(q.size(3) % 2 == 0, "tigon::rope: head dim must be even, got ", q.size(3));
   TORCH_CHECK(cos.sizes() == sin.sizes(), "tigon::rope: cos ", cos.sizes(), " and sin ", sin.sizes(), " differ");
   TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, "tigon::rope: cos/sin must be [T, D] or [B, T, D], got ", cos.sizes());
-  TORCH_CHECK(cos.size(-1) == q.size(3) && cos.size(-2) == q.size(2),
-              "tigon::rope: cos/sin ", cos.sizes(), " do not match T = ", q.size(2), ", D = ", q.size(3));
+  TORCH_CHECK(cos.size(-1) == q.size(3) && cos.size(-2) == q.size(2), "tigon::rope: cos/sin ", cos.sizes(),
+              " do not match T = ", q.size(2), ", D = ", q.size(3));
   TORCH_CHECK(cos.dim() == 2 || cos.size(0) == 1 || cos.size(0) == q.size(0), "tigon::rope: cos/sin batch ",
               cos.size(0), " vs q batch ", q.size(0));
   TORCH_CHECK(k.device() == q.device() && cos.device() == q.device() && sin.device() == q.device(),
@@ -71,7 +72,9 @@ torch::Tensor RotateCpu(const torch::Tensor& x, const torch::Tensor& cos, const 
 // ---- CUDA path ------------------------------------------------------------------------------------------
 
 #ifdef TIGON_CUDA_KERNELS
-torch::Tensor UnitLastStride(const torch::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+torch::Tensor UnitLastStride(const torch::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
 
 void FillRopeTensor(cuda::RopeTensor& dst, const torch::Tensor& in, const torch::Tensor& out) {
   dst.in = in.data_ptr();
@@ -149,13 +152,17 @@ std::tuple<torch::Tensor, torch::Tensor> RopeOp(const torch::Tensor& q, const to
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& cos, const torch::Tensor& sin) {
+std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+                                              const torch::Tensor& sin) {
   return RopeOp(q, k, cos, sin);
 }
 
 }  // namespace tigon::ops
 
-TORCH_LIBRARY_FRAGMENT(tigon, m) { m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)"); }
+TORCH_LIBRARY_FRAGMENT(tigon, m) {
+  m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+}
 
-TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("rope", &tigon::ops::RopeOp); }
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {
+  m.impl("rope", &tigon::ops::RopeOp);
+}

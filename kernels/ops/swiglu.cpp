@@ -1,11 +1,12 @@
 // SwiGLU, silu(a) * b, as an autograd function (SwiGLUFunction). CUDA tensors go to kernels/cuda/swiglu.cu;
 // CPU tensors run the same math here in fp32 (float64 for float64 inputs), rounded once.
 // Saved: a and b. Backward recomputes sigmoid(a) instead of keeping the activation.
+#include "kernels/cuda/swiglu.h"
+
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include "kernels/cuda/swiglu.h"
 #include "kernels/ops/cuda_glue.h"
 #include "kernels/ops/ops.h"
 
@@ -22,8 +23,7 @@ torch::ScalarType AccumulateType(torch::ScalarType t) {
 void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(a.dim() >= 1, "tigon::swiglu: a needs at least one dim");
   TORCH_CHECK(a.sizes() == b.sizes(), "tigon::swiglu: a ", a.sizes(), " and b ", b.sizes(), " differ");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::swiglu: a is ", a.scalar_type(), ", b is ",
-              b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::swiglu: a is ", a.scalar_type(), ", b is ", b.scalar_type());
   TORCH_CHECK(a.device() == b.device(), "tigon::swiglu: a and b on different devices");
 }
 
@@ -53,8 +53,12 @@ std::pair<torch::Tensor, torch::Tensor> SwiGLUBackwardCpu(const torch::Tensor& d
 // ---- CUDA path ------------------------------------------------------------------------------------------
 
 #ifdef TIGON_CUDA_KERNELS
-cuda::GluOperand Operand(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
-cuda::GluOutput Output(const torch::Tensor& t) { return {t.data_ptr(), t.stride(0)}; }
+cuda::GluOperand Operand(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0)};
+}
+cuda::GluOutput Output(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0)};
+}
 
 torch::Tensor SwiGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
   auto a2d = AsRows(a), b2d = AsRows(b);
@@ -120,14 +124,22 @@ class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
   }
 };
 
-torch::Tensor SwiGLUOp(const torch::Tensor& a, const torch::Tensor& b) { return SwiGLUFunction::apply(a, b); }
+torch::Tensor SwiGLUOp(const torch::Tensor& a, const torch::Tensor& b) {
+  return SwiGLUFunction::apply(a, b);
+}
 
 }  // namespace
 
-torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) { return SwiGLUOp(a, b); }
+torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) {
+  return SwiGLUOp(a, b);
+}
 
 }  // namespace tigon::ops
 
-TORCH_LIBRARY_FRAGMENT(tigon, m) { m.def("swiglu(Tensor a, Tensor b) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(tigon, m) {
+  m.def("swiglu(Tensor a, Tensor b) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("swiglu", &tigon::ops::SwiGLUOp); }
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {
+  m.impl("swiglu", &tigon::ops::SwiGLUOp);
+}

@@ -5,8 +5,7 @@
 
 namespace tigon::reference {
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps) {
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
   TORCH_CHECK(x.dim() >= 1, "tigon::reference::layer_norm: x needs at least one dim");
   return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }

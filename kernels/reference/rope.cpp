@@ -22,8 +22,8 @@ torch::Tensor broadcast_over_heads(const torch::Tensor& t) {
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& cos, const torch::Tensor& sin) {
+std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+                                              const torch::Tensor& sin) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "tigon::reference::rope: q and k must be [B, H, T, D]");
   TORCH_CHECK(q.size(-1) % 2 == 0, "tigon::reference::rope: head dim must be even");
   auto c = broadcast_over_heads(cos);

@@ -5,6 +5,8 @@
 
 namespace tigon::reference {
 
-torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) { return torch::silu(a) * b; }
+torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::silu(a) * b;
+}
 
 }  // namespace tigon::reference

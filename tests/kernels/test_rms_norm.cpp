@@ -185,7 +185,8 @@ TEST(AddRMSNormCpu, ForwardAndGradientsMatchReference) {
       auto dy = torch::randn(shape, opts), dres = torch::randn(shape, opts);
       auto g = torch::autograd::grad({y, residual_out}, {x, residual, w}, {dy, dres});
       auto g_ref = torch::autograd::grad({y_ref, residual_out_ref}, {x, residual, w}, {dy, dres});
-      for (int i = 0; i < 3; ++i) ExpectClose(g[i], g_ref[i], 1e-10, 1e-8, Describe(m, shape) + " grad " + std::to_string(i));
+      for (int i = 0; i < 3; ++i)
+        ExpectClose(g[i], g_ref[i], 1e-10, 1e-8, Describe(m, shape) + " grad " + std::to_string(i));
     }
   }
 }

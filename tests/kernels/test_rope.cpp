@@ -42,9 +42,8 @@ struct Case {
 const Case kCases[] = {{2, 4, 2, 7, 6, 2}, {1, 3, 1, 1, 128, 3}, {3, 2, 2, 5, 10, 1}, {2, 8, 8, 9, 64, 3}};
 
 std::string Describe(const Case& c) {
-  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.q_heads) + " Hk" + std::to_string(c.k_heads) +
-         " T" + std::to_string(c.seq_len) + " D" + std::to_string(c.head_dim) + " table" +
-         std::to_string(c.table_dims);
+  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.q_heads) + " Hk" + std::to_string(c.k_heads) + " T" +
+         std::to_string(c.seq_len) + " D" + std::to_string(c.head_dim) + " table" + std::to_string(c.table_dims);
 }
 
 // random: arbitrary tables (halves differ), which checks the general rotation and its transpose.
@@ -139,7 +138,7 @@ TEST(RopeCpu, RegisteredTorchOpRunsWithAutograd) {
   auto op = c10::Dispatcher::singleton()
                 .findSchemaOrThrow("tigon::rope", "")
                 .typed<std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&,
-                                                                 const torch::Tensor&, const torch::Tensor&)>();
+                                                                const torch::Tensor&, const torch::Tensor&)>();
   auto opts = torch::TensorOptions().dtype(torch::kDouble);
   auto q = torch::randn({2, 2, 4, 16}, opts).requires_grad_(true);
   auto k = torch::randn({2, 1, 4, 16}, opts).requires_grad_(true);
