@@ -11,6 +11,7 @@ import urllib.parse
 import urllib.request
 
 from conftest import CORPUS, ROOT, TINY_LLAMA, byte_batches
+from test_dashboard import dashboard_queries
 
 
 def free_port():
@@ -86,6 +87,26 @@ def test_a_real_prometheus_scrapes_a_training_server(shared_server, tmp_path):
             sample = answer[0]
             assert sample["metric"]["job"] == "tigon" and sample["metric"]["model_family"] == "llama"
             assert 0 < float(sample["value"][1]) < 10
+            # Every query of the Grafana dashboard is valid PromQL that this Prometheus evaluates.
+            for batch in batches[:3]:  # steps between scrapes, so that the rates are not empty
+                session.train_step(batch)
+                time.sleep(0.5)
+            session.measure_savings(2, 16)
+            time.sleep(2.5)
+            empty = []
+            for expr in dashboard_queries():
+                expr = expr.replace("$session", ".*")
+                if expr.startswith("label_values("):
+                    continue  # a Grafana templating function, not PromQL
+                q = urllib.parse.urlencode({"query": expr})
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query?{q}", timeout=10) as response:
+                    body = json.load(response)
+                assert body["status"] == "success", (expr, body)
+                if not body["data"]["result"]:
+                    empty.append(expr)
+            # Device memory is empty on a CPU server, out-of-memory events have not happened; the rest
+            # has data after training and one MeasureSavings.
+            assert all("device_memory" in e or "out_of_memory" in e or 'code!="OK"' in e for e in empty), empty
     finally:
         prometheus.terminate()
         prometheus.wait(30)
