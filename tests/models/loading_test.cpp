@@ -320,6 +320,28 @@ TEST(OpTableTest, NamesPerFamilyAndUnknownOps) {
   EXPECT_TRUE(Contains(ModelErrorMessage([&] { DecoderModel(gemma, table); }), "geglu"));
 }
 
+// Llama's attention_bias puts biases on q/k/v and o_proj, mlp_bias on gate/up/down (Hugging Face names
+// and shapes); a non-zero o_proj bias reaches the logits.
+TEST(ConfigParsing, LlamaAttentionAndMlpBiases) {
+  nlohmann::json config = testing::ReadConfig("llama");
+  config["attention_bias"] = true;
+  config["mlp_bias"] = true;
+  auto model = CreateRandom(config, nullptr, 2, torch::kFloat32, torch::kCPU);
+  const std::map<std::string, int64_t> biases = {
+      {"self_attn.q_proj.bias", 32}, {"self_attn.k_proj.bias", 16}, {"self_attn.v_proj.bias", 16},
+      {"self_attn.o_proj.bias", 32}, {"mlp.gate_proj.bias", 64},    {"mlp.up_proj.bias", 64},
+      {"mlp.down_proj.bias", 32}};
+  for (const auto& [name, size] : biases) {
+    EXPECT_EQ(model->parameter("model.layers.1." + name).sizes().vec(), std::vector<int64_t>{size}) << name;
+  }
+  EXPECT_EQ(model->parameters().size(), 3 + 2 * (9 + biases.size()));
+  const torch::Tensor ids = torch::randint(0, 128, {1, 6}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor before = model->Logits(ids);
+  model->parameter("model.layers.0.self_attn.o_proj.bias").fill_(0.5);
+  EXPECT_FALSE(torch::allclose(model->Logits(ids), before));
+}
+
 // --- Config parsing ---------------------------------------------------------------------------------
 
 TEST(ConfigParsing, FamilyDefaults) {
