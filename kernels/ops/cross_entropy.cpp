@@ -32,8 +32,8 @@ namespace tigon::ops {
 namespace detail {
 namespace {
 
-// One row of the fused algorithm on the CPU, in acc_t (fp32, fp64 for fp64 logits) with double row sums: the online softmax
-// (running max and rescaled sum in one pass), then the gradient pass over the same row.
+// One row of the fused algorithm on the CPU, in acc_t (fp32, fp64 for fp64 logits) with double row sums:
+// the online softmax (running max and rescaled sum in one pass), then the gradient pass over the row.
 template <typename scalar_t, typename acc_t>
 void CrossEntropyRowsCpu(scalar_t* logits, int64_t row_stride, int64_t n_rows, int64_t vocab,
                          const int64_t* target, const acc_t* weights, const CrossEntropyOptions& options,

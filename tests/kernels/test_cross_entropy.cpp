@@ -259,6 +259,20 @@ TEST(CrossEntropyCpu, OverwrittenLogitsSavedElsewhereFailLoudly) {
   EXPECT_THROW((loss + saved_user.sum()).backward(), c10::Error);
 }
 
+// An empty micro-batch: loss 0 for mean/sum, an empty vector for none, and a backward that runs.
+TEST(CrossEntropyCpu, EmptyBatch) {
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    CrossEntropyOptions o;
+    o.reduction = reduction;
+    torch::Tensor x = torch::randn({0, 50}, torch::kDouble).requires_grad_(true);
+    torch::Tensor loss = ops::cross_entropy(x, torch::zeros({0}, torch::kLong), o);
+    EXPECT_EQ(loss.numel(), reduction == Reduction::kNone ? 0 : 1);
+    if (reduction != Reduction::kNone) EXPECT_EQ(loss.item<double>(), 0.0);
+    loss.sum().backward();
+    EXPECT_EQ(x.grad().sizes(), x.sizes());
+  }
+}
+
 TEST(CrossEntropyCpu, RejectsBadInput) {
   const CeInputs in = MakeCeInputs(4, 32, 12, 0.0);
   torch::Tensor bad_target = in.target.clone();

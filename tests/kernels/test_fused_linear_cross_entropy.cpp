@@ -195,6 +195,16 @@ TEST(FusedLinearCrossEntropyCpu, DefaultChunkStaysWithinTheMemoryBudget) {
   }
 }
 
+TEST(FusedLinearCrossEntropyCpu, EmptyBatch) {
+  torch::Tensor hidden = torch::randn({0, 8}, torch::kDouble).requires_grad_(true);
+  torch::Tensor weight = torch::randn({20, 8}, torch::kDouble).requires_grad_(true);
+  torch::Tensor loss = ops::fused_linear_cross_entropy(hidden, weight, {}, torch::zeros({0}, torch::kLong), {});
+  EXPECT_EQ(loss.item<double>(), 0.0);
+  loss.backward();
+  EXPECT_EQ(weight.grad().abs().max().item<double>(), 0.0);
+  EXPECT_EQ(hidden.grad().sizes(), hidden.sizes());
+}
+
 TEST(FusedLinearCrossEntropyCpu, RejectsBadInput) {
   const FlceInputs in = MakeFlceInputs(6, 8, 20, 7);
   const CrossEntropyOptions o;
