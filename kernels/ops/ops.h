@@ -36,6 +36,11 @@ torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b);
 // gelu_tanh(a) * b. Saves a and b; recomputes gelu in backward.
 torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b);
 
+// linear(swiglu(a, b) or geglu(a, b), weight, bias) as one autograd node that saves a, b and weight and
+// recomputes the activation in backward (the gated MLP's down projection). bias may be undefined.
+torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                         const torch::Tensor& bias, bool gelu);
+
 // logits [N, V], target [N] (int64). token_weights [N] (optional, float) multiplies each token's loss;
 // kMean still divides by the count of non-ignored targets. Computes the gradient during forward.
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,
