@@ -1,0 +1,41 @@
+# tigon-server on CUDA 13 (H100/H200, sm_90). Build: docker build -t tigon .
+# Run:   docker run --gpus all -p 50051:50051 -p 9464:9464 -v ckpt:/var/lib/tigon tigon
+# The same dependencies and build as DEVICE.md: gRPC/protobuf/spdlog from the distribution, found before
+# LibTorch (the pip torch wheel's CMake package); the server never compiles against torch headers.
+ARG CUDA_VERSION=13.0.0
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake ninja-build git pkg-config python3 python3-venv \
+      libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libspdlog-dev libfmt-dev \
+      nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libnccl-dev \
+    && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/torch && /opt/torch/bin/pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cu130
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIGON_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DCMAKE_PREFIX_PATH="$(/opt/torch/bin/python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+    && ninja -C build tigon-server \
+    && mkdir -p /out/lib && cp build/server/tigon-server /out/ \
+    && cp build/engine/libtigon_engine.so build/kernels/libtigon_kernels.so /out/lib/
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+# The -dev packages name the same libraries in every release (the runtime packages' names change with
+# the ABI transitions); they pull in the shared libraries the server links.
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libgrpc++-dev libprotobuf-dev libspdlog-dev libcpp-httplib-dev libnccl2 python3 python3-grpcio \
+      python3-protobuf \
+    && rm -rf /var/lib/apt/lists/*
+# The whole venv: torch's libraries find the CUDA libraries of the nvidia-* wheels by relative rpaths.
+COPY --from=build /opt/torch /opt/torch
+COPY --from=build /out/tigon-server /usr/local/bin/tigon-server
+COPY --from=build /out/lib/ /usr/local/lib/tigon/
+COPY client/python/tigon /usr/local/lib/python3/dist-packages/tigon
+ENV LD_LIBRARY_PATH=/usr/local/lib/tigon:/opt/torch/lib/python3.12/site-packages/torch/lib PYTHONPATH=/usr/local/lib/python3/dist-packages
+RUN useradd --system --uid 10001 --create-home tigon && mkdir -p /var/lib/tigon && chown tigon /var/lib/tigon
+USER tigon
+EXPOSE 50051 9464
+# grpc.health.v1 through the client package (no token needed for health).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s \
+  CMD python3 -c "import sys, tigon; sys.exit(tigon.connect('127.0.0.1:50051').health() != 'SERVING')"
+ENTRYPOINT ["tigon-server"]
+CMD ["--listen=0.0.0.0:50051", "--metrics-listen=0.0.0.0:9464", "--checkpoint-root=/var/lib/tigon", "--log-level=info"]
