@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Optional.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 

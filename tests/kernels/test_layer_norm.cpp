@@ -2,6 +2,7 @@
 // forward and gradients, on fresh random inputs with odd shapes, strided layouts and without a bias.
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Optional.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -3,6 +3,7 @@
 // [B, T, H, D] -> [B, H, T, D] layout Hugging Face produces, and non-contiguous incoming gradients (the
 // layout bug the Liger paper reports for RoPE's backward).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Optional.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
