@@ -1,7 +1,7 @@
 """Fine-tune a model on a text file through a tigon-server, showing the loss fall.
 
     python3 -m tigon.finetune --server 127.0.0.1:50051 --text corpus.txt --steps 200
-    python3 -m tigon.finetune --server-bin build/server/tigon-server --text corpus.txt --kernels fused,reference
+    python3 -m tigon.finetune --server-bin build/server/tigon-server --kernels fused,reference
 
 Text is tokenised as UTF-8 bytes (a vocabulary of 256, which the default model has); --ids reads
 pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Without either it trains on
@@ -180,7 +180,8 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--precision", default="auto", help="fp32, bf16, bf16_mixed, or auto: bf16 on a GPU, fp32 on a CPU")
-    ap.add_argument("--kernels", default="fused", help="fused, reference, or both: fused,reference")
+    ap.add_argument("--kernels", default="auto",
+                    help="fused, reference, both (fused,reference), or auto: both on a GPU server, fused on a CPU one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", help="checkpoint path (inside the server's --checkpoint-root) written at the end")
     ap.add_argument("--json", help="write the summary (with every step's loss) to this file")
@@ -200,6 +201,8 @@ def main(argv=None):
         server = client.server_info()
         if args.precision == "auto":
             args.precision = "bf16" if server.devices else "fp32"
+        if args.kernels == "auto":
+            args.kernels = "fused,reference" if server.devices else "fused"
         if args.model:
             model = args.model
             if os.path.isfile(args.model):
