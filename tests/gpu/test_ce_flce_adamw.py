@@ -436,3 +436,26 @@ def test_adamw_grad_scale_and_all_dtype_combinations():
                 assert_close(param, expected, tol, 1e-6, f"param {p_dt} grad {g_dt} state {s_dt}")
                 assert_close(m, 0.1 * 0.5 * grad.float(), 2**-7 if s_dt != torch.float32 else 1e-6, 1e-9,
                              f"exp_avg {p_dt} grad {g_dt} state {s_dt}")
+
+
+def test_adamw_beyond_2_pow_31_elements():
+    """2^31 + 17 bf16 elements (17 GB over four buffers): flat indices overflow int32 past element 2^31.
+    Step 1 from zero state moves every parameter by lr * sign(g) (|g| >> eps), checked on slices at the start,
+    around 2^31 and at the end."""
+    n = 2**31 + 17
+    param = torch.ones(n, device=DEV, dtype=torch.bfloat16)
+    grad = torch.empty(n, device=DEV, dtype=torch.bfloat16)
+    grad[0::2] = 0.5
+    grad[1::2] = -0.25
+    m = torch.zeros(n, device=DEV, dtype=torch.bfloat16)
+    v = torch.zeros(n, device=DEV, dtype=torch.bfloat16)
+    tigon.adamw_step(param, grad, m, v, 2**-6, 0.9, 0.999, 1e-8, 0.0, 1, 1.0, None)
+    torch.cuda.synchronize()
+    for start in [0, 2**31 - 64, n - 64]:
+        idx = torch.arange(start, start + 64, device=DEV)
+        expected = torch.where(idx % 2 == 0, 1 - 2**-6, 1 + 2**-6).to(torch.bfloat16)
+        assert torch.equal(param[start:start + 64], expected), f"params at {start}"
+        assert torch.equal(m[start:start + 64], (0.1 * grad[start:start + 64].float()).bfloat16()), f"exp_avg at {start}"
+    del param, grad, m, v
+    gc.collect()
+    torch.cuda.empty_cache()
