@@ -2,8 +2,8 @@
 // machine). Code elsewhere calls these wrappers instead of testing TORCH_VERSION_* itself.
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <torch/types.h>
 #include <torch/version.h>
 
@@ -26,9 +26,7 @@ inline torch::Tensor causal_scaled_dot_product_attention(const torch::Tensor& q,
                                           /*enable_gqa=*/q.size(1) != k.size(1));
 #elif TIGON_TORCH_AT_LEAST(2, 1)
   const int64_t groups = q.size(1) / k.size(1);
-  auto expand = [groups](const torch::Tensor& t) {
-    return groups == 1 ? t : t.repeat_interleave(groups, /*dim=*/1);
-  };
+  auto expand = [groups](const torch::Tensor& t) { return groups == 1 ? t : t.repeat_interleave(groups, /*dim=*/1); };
   return at::scaled_dot_product_attention(q, expand(k), expand(v), /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                           /*is_causal=*/true, scale);
 #else

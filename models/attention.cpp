@@ -16,8 +16,8 @@ torch::Tensor RepeatKv(const torch::Tensor& x, int64_t groups) {
 
 }  // namespace
 
-torch::Tensor EagerCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, int64_t sliding_window) {
+torch::Tensor EagerCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                                   int64_t sliding_window) {
   const int64_t groups = q.size(1) / k.size(1);
   const torch::Tensor keys = RepeatKv(k, groups);
   const torch::Tensor values = RepeatKv(v, groups);

@@ -13,7 +13,7 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, co
                               int64_t sliding_window = 0);
 
 // Always the eager composition (the test oracle and the LibTorch 1.13 path).
-torch::Tensor EagerCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, int64_t sliding_window = 0);
+torch::Tensor EagerCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                                   int64_t sliding_window = 0);
 
 }  // namespace tigon::models

@@ -26,15 +26,13 @@ int64_t GetInt(const nlohmann::json& json, const char* key, const std::string& w
     const double d = value.get<double>();
     if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
   }
-  throw ModelError(where + ": field '" + key + "' must be an integer, got " + JsonTypeName(value) + " " +
-                   value.dump());
+  throw ModelError(where + ": field '" + key + "' must be an integer, got " + JsonTypeName(value) + " " + value.dump());
 }
 
 double GetDouble(const nlohmann::json& json, const char* key, const std::string& where) {
   const nlohmann::json& value = json.at(key);
   if (!value.is_number()) {
-    throw ModelError(where + ": field '" + key + "' must be a number, got " + JsonTypeName(value) + " " +
-                     value.dump());
+    throw ModelError(where + ": field '" + key + "' must be a number, got " + JsonTypeName(value) + " " + value.dump());
   }
   return value.get<double>();
 }
@@ -51,8 +49,7 @@ bool GetBool(const nlohmann::json& json, const char* key, const std::string& whe
 std::string GetString(const nlohmann::json& json, const char* key, const std::string& where) {
   const nlohmann::json& value = json.at(key);
   if (!value.is_string()) {
-    throw ModelError(where + ": field '" + key + "' must be a string, got " + JsonTypeName(value) + " " +
-                     value.dump());
+    throw ModelError(where + ": field '" + key + "' must be a string, got " + JsonTypeName(value) + " " + value.dump());
   }
   return value.get<std::string>();
 }
@@ -134,9 +131,9 @@ void ParseRope(const nlohmann::json& json, ModelConfig& config) {
       throw ModelError(where + ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
     }
   }
-  config.partial_rotary_factor =
-      Has(params, "partial_rotary_factor") ? GetDouble(params, "partial_rotary_factor", where)
-                                           : DoubleOr(json, "partial_rotary_factor", 1.0, "config");
+  config.partial_rotary_factor = Has(params, "partial_rotary_factor")
+                                     ? GetDouble(params, "partial_rotary_factor", where)
+                                     : DoubleOr(json, "partial_rotary_factor", 1.0, "config");
   if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1)) {
     throw ModelError("config: partial_rotary_factor must be in (0, 1], got " +
                      std::to_string(config.partial_rotary_factor));
@@ -205,8 +202,8 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   RequirePositive(config.num_key_value_heads, "num_key_value_heads");
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
     throw ModelError("config: num_attention_heads (" + std::to_string(config.num_attention_heads) +
-                     ") must be a multiple of num_key_value_heads (" +
-                     std::to_string(config.num_key_value_heads) + ")");
+                     ") must be a multiple of num_key_value_heads (" + std::to_string(config.num_key_value_heads) +
+                     ")");
   }
   // GemmaConfig defaults head_dim to 256; the others derive it from hidden_size.
   if (Has(json, "head_dim")) {
@@ -242,14 +239,13 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   // it is null, even if an old config says hidden_act "gelu").
   if (gemma) {
     config.hidden_act = Has(json, "hidden_activation") ? GetString(json, "hidden_activation", "config")
-                                                      : std::string("gelu_pytorch_tanh");
+                                                       : std::string("gelu_pytorch_tanh");
   } else {
     config.hidden_act = Has(json, "hidden_act") ? GetString(json, "hidden_act", "config") : std::string("silu");
   }
   if (config.hidden_act == "gelu_tanh") config.hidden_act = "gelu_pytorch_tanh";
   if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh") {
-    throw ModelError("config: unsupported activation '" + config.hidden_act +
-                     "' (supported: silu, gelu_pytorch_tanh)");
+    throw ModelError("config: unsupported activation '" + config.hidden_act + "' (supported: silu, gelu_pytorch_tanh)");
   }
 
   ParseRope(json, config);

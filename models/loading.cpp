@@ -32,10 +32,14 @@ void CheckParameterDtype(torch::Dtype dtype) {
 
 const char* HuggingFaceDtypeName(torch::Dtype dtype) {
   switch (dtype) {
-    case torch::kFloat32: return "float32";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kFloat16: return "float16";
-    default: throw ModelError("no Hugging Face name for dtype " + std::string(c10::toString(dtype)));
+    case torch::kFloat32:
+      return "float32";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kFloat16:
+      return "float16";
+    default:
+      throw ModelError("no Hugging Face name for dtype " + std::string(c10::toString(dtype)));
   }
 }
 
@@ -43,7 +47,8 @@ const char* HuggingFaceDtypeName(torch::Dtype dtype) {
 fs::path ShardPath(const fs::path& folder, const fs::path& index_path, const std::string& shard) {
   const fs::path relative(shard);
   if (shard.empty() || relative.is_absolute() || relative.lexically_normal().string().rfind("..", 0) == 0) {
-    throw ModelError(index_path.string() + ": shard file name '" + shard + "' must be a relative path inside the folder");
+    throw ModelError(index_path.string() + ": shard file name '" + shard +
+                     "' must be a relative path inside the folder");
   }
   return folder / relative;
 }

@@ -9,11 +9,10 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/ops/common.h"
 
@@ -47,11 +46,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v biases (Qwen2 always; Llama's attention_bias)
-  bool attention_output_bias = false;  // o_proj bias (Llama's and Gemma's attention_bias; not Qwen2)
-  bool mlp_bias = false;               // gate/up/down biases (Llama's mlp_bias)
-  std::string hidden_act = "silu";     // "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
-  double partial_rotary_factor = 1.0;  // fraction of head_dim that RoPE rotates (Phi3)
+  bool attention_bias = false;          // q/k/v biases (Qwen2 always; Llama's attention_bias)
+  bool attention_output_bias = false;   // o_proj bias (Llama's and Gemma's attention_bias; not Qwen2)
+  bool mlp_bias = false;                // gate/up/down biases (Llama's mlp_bias)
+  std::string hidden_act = "silu";      // "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+  double partial_rotary_factor = 1.0;   // fraction of head_dim that RoPE rotates (Phi3)
   std::vector<int64_t> sliding_window;  // per layer: attention window in tokens, 0 = full causal
   double initializer_range = 0.02;
   nlohmann::json raw;  // the config as given, written back on save
@@ -137,8 +136,8 @@ class DecoderModel {
 
 // Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from a local
 // Hugging Face folder, into `dtype` on `device`. Throws ModelError naming the problem.
-std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder, const OpTable* ops,
-                                             torch::Dtype dtype, torch::Device device);
+std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder, const OpTable* ops, torch::Dtype dtype,
+                                             torch::Device device);
 
 // A randomly initialised model from a Hugging Face config.
 std::unique_ptr<DecoderModel> CreateRandom(const nlohmann::json& config, const OpTable* ops, uint64_t seed,

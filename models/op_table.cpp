@@ -32,8 +32,7 @@ OpChoice OpTable::Get(const std::string& op) const {
 }
 
 void OpTable::Set(const std::string& op, OpChoice choice) {
-  static const std::vector<std::string> kKnown = {"rms_norm", "rope", "swiglu", "geglu",
-                                                  "fused_linear_cross_entropy"};
+  static const std::vector<std::string> kKnown = {"rms_norm", "rope", "swiglu", "geglu", "fused_linear_cross_entropy"};
   if (std::find(kKnown.begin(), kKnown.end(), op) == kKnown.end()) {
     throw ModelError("op table: unknown op '" + op +
                      "' (known: rms_norm, rope, swiglu, geglu, fused_linear_cross_entropy)");

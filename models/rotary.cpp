@@ -25,19 +25,19 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
     torch::Tensor llama = torch::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
     const torch::Tensor smooth = (old_context_len / wavelen - low) / (high - low);
     const torch::Tensor smoothed = (1 - smooth) * llama / factor + smooth * llama;
-    const torch::Tensor is_medium = (wavelen < high_freq_wavelen).logical_not() *
-                                    (wavelen > low_freq_wavelen).logical_not();
+    const torch::Tensor is_medium =
+        (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
     llama = torch::where(is_medium, smoothed, llama);
     inv_freq = llama;
   }
   return inv_freq.contiguous();
 }
 
-std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& inv_freq, int64_t seq_len,
-                                                   torch::Dtype dtype, torch::Device device) {
+std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& inv_freq, int64_t seq_len, torch::Dtype dtype,
+                                                   torch::Device device) {
   torch::NoGradGuard no_grad;
-  const torch::Tensor positions = torch::arange(seq_len, torch::TensorOptions().dtype(torch::kInt64).device(device))
-                                      .to(torch::kFloat32);
+  const torch::Tensor positions =
+      torch::arange(seq_len, torch::TensorOptions().dtype(torch::kInt64).device(device)).to(torch::kFloat32);
   // A K=1 matmul in transformers, i.e. one fp32 product per element: the same as this outer product.
   const torch::Tensor freqs = torch::outer(positions, inv_freq.to(device, torch::kFloat32));
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);

@@ -15,7 +15,7 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config);
 
 // (cos, sin) [seq_len, rotary_dim] for positions 0..seq_len-1, computed in fp32 on `device` and cast to
 // `dtype` (Hugging Face's rotary_emb output, both halves duplicated).
-std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& inv_freq, int64_t seq_len,
-                                                   torch::Dtype dtype, torch::Device device);
+std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& inv_freq, int64_t seq_len, torch::Dtype dtype,
+                                                   torch::Device device);
 
 }  // namespace tigon::models

@@ -31,9 +31,9 @@ struct DtypeInfo {
 
 const std::vector<DtypeInfo>& Dtypes() {
   static const std::vector<DtypeInfo> kDtypes = {
-      {"F64", torch::kFloat64, 8}, {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
-      {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8}, {"I32", torch::kInt32, 4},
-      {"I16", torch::kInt16, 2},   {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
+      {"F64", torch::kFloat64, 8},   {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
+      {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8},   {"I32", torch::kInt32, 4},
+      {"I16", torch::kInt16, 2},     {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
       {"BOOL", torch::kBool, 1},
   };
   return kDtypes;
@@ -121,8 +121,7 @@ Header ParseHeader(const std::string& path, std::ifstream& file) {
   for (const auto& [name, value] : json.items()) {
     if (name == "__metadata__") continue;
     const std::string context = path + ": tensor '" + name + "'";
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
-        !value.contains("data_offsets")) {
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
       throw ModelError(context + ": entry must be an object with dtype, shape and data_offsets");
     }
     Entry entry;
@@ -159,9 +158,9 @@ Header ParseHeader(const std::string& path, std::ifstream& file) {
       throw ModelError(context + ": data_offsets " + offsets.dump() + " end before they begin");
     }
     if (entry.end - entry.begin != nbytes) {
-      throw ModelError(context + ": data_offsets " + offsets.dump() + " span " + std::to_string(entry.end - entry.begin) +
-                       " bytes but dtype " + dtype_name + " with shape " + ShapeString(entry.shape) + " needs " +
-                       std::to_string(nbytes));
+      throw ModelError(context + ": data_offsets " + offsets.dump() + " span " +
+                       std::to_string(entry.end - entry.begin) + " bytes but dtype " + dtype_name + " with shape " +
+                       ShapeString(entry.shape) + " needs " + std::to_string(nbytes));
     }
     if (entry.end > data_size) {
       throw ModelError(context + ": data_offsets " + offsets.dump() + " out of range: the data section has " +
@@ -175,7 +174,8 @@ Header ParseHeader(const std::string& path, std::ifstream& file) {
   for (const auto& entry : header.entries) {
     if (entry.begin == entry.end) continue;  // empty tensors occupy no bytes
     if (previous != nullptr && entry.begin < previous->end) {
-      throw ModelError(path + ": tensors '" + previous->name + "' and '" + entry.name + "' have overlapping data_offsets");
+      throw ModelError(path + ": tensors '" + previous->name + "' and '" + entry.name +
+                       "' have overlapping data_offsets");
     }
     previous = &entry;
   }

@@ -14,8 +14,7 @@ namespace tigon::models {
 std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path);
 
 // Only the header: name -> (dtype string, shape). Throws ModelError like ReadSafetensors.
-std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetensorsHeader(
-    const std::string& path);
+std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetensorsHeader(const std::string& path);
 
 // Writes `tensors` (any device; F32/BF16/F16/I32/I64) to `path` and fsyncs it. Not atomic by itself:
 // callers write to a temporary name and rename.

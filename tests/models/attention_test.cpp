@@ -2,6 +2,7 @@
 // sliding window; and the dispatching CausalAttention (fused SDPA on LibTorch >= 2.1) against the eager
 // composition, values and gradients.
 #include "models/attention.h"
+
 #include "tests/models/model_test_util.h"
 
 namespace tigon::models {

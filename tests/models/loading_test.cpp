@@ -243,8 +243,8 @@ TEST(LoadingErrors, UnknownModelType) {
 }
 
 TEST(ConfigErrors, MissingOrInvalidFields) {
-  for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                            "num_attention_heads", "model_type"}) {
+  for (const char* field :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "model_type"}) {
     nlohmann::json config = testing::ReadConfig("qwen2");
     config.erase(field);
     const auto message = ModelErrorMessage([&] { ModelConfig::FromJson(config); });
@@ -327,10 +327,10 @@ TEST(ConfigParsing, LlamaAttentionAndMlpBiases) {
   config["attention_bias"] = true;
   config["mlp_bias"] = true;
   auto model = CreateRandom(config, nullptr, 2, torch::kFloat32, torch::kCPU);
-  const std::map<std::string, int64_t> biases = {
-      {"self_attn.q_proj.bias", 32}, {"self_attn.k_proj.bias", 16}, {"self_attn.v_proj.bias", 16},
-      {"self_attn.o_proj.bias", 32}, {"mlp.gate_proj.bias", 64},    {"mlp.up_proj.bias", 64},
-      {"mlp.down_proj.bias", 32}};
+  const std::map<std::string, int64_t> biases = {{"self_attn.q_proj.bias", 32}, {"self_attn.k_proj.bias", 16},
+                                                 {"self_attn.v_proj.bias", 16}, {"self_attn.o_proj.bias", 32},
+                                                 {"mlp.gate_proj.bias", 64},    {"mlp.up_proj.bias", 64},
+                                                 {"mlp.down_proj.bias", 32}};
   for (const auto& [name, size] : biases) {
     EXPECT_EQ(model->parameter("model.layers.1." + name).sizes().vec(), std::vector<int64_t>{size}) << name;
   }
@@ -382,8 +382,11 @@ TEST(ConfigParsing, TransformersFourStyleRope) {
   nlohmann::json v4 = v5;
   v4.erase("rope_parameters");
   v4["rope_theta"] = 500000.0;
-  v4["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8}};
+  v4["rope_scaling"] = {{"rope_type", "llama3"},
+                        {"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 8}};
   const auto a = ModelConfig::FromJson(v5), b = ModelConfig::FromJson(v4);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);

@@ -45,8 +45,8 @@ TEST_P(ParityTest, LogitsLossAndGradientsMatchHuggingFace) {
     torch::NoGradGuard no_grad;
     const double logits_error = RelativeError(model->Logits(input_ids), expected.at("logits"));
     EXPECT_LT(logits_error, kTolerance) << family << " logits";
-    std::printf("[parity] %-4s %-8s %-9s logits rel err %.3g\n", where, family.c_str(),
-                fused ? "fused" : "reference", logits_error);
+    std::printf("[parity] %-4s %-8s %-9s logits rel err %.3g\n", where, family.c_str(), fused ? "fused" : "reference",
+                logits_error);
   }
 
   const torch::Tensor loss_sum = model->LossSum(input_ids, labels, {});

@@ -139,8 +139,7 @@ TEST(Safetensors, HugeShapeOverflows) {
   EXPECT_NE(ModelErrorMessage([&] { ReadSafetensors(dir / "b.safetensors"); }).find("overflows"), std::string::npos);
   // Negative dimensions are refused too.
   WriteRaw(dir / "n.safetensors", R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4);
-  EXPECT_NE(ModelErrorMessage([&] { ReadSafetensors(dir / "n.safetensors"); }).find("non-negative"),
-            std::string::npos);
+  EXPECT_NE(ModelErrorMessage([&] { ReadSafetensors(dir / "n.safetensors"); }).find("non-negative"), std::string::npos);
 }
 
 TEST(Safetensors, OffsetsOutOfRange) {
