@@ -430,8 +430,9 @@ def test_adamw_grad_scale_and_all_dtype_combinations():
                 p0 = param.clone()
                 grad = (torch.randn(n, device=DEV) * 0.2).to(g_dt)
                 tigon.adamw_step(param, grad, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.0, 1, 0.5, None)
-                # Step 1 with zero state: m_hat = g, v_hat = g^2, so the update is lr * sign(g) (|g| >> eps).
-                expected = p0.float() - 1e-2 * torch.sign(grad.float())
+                # Step 1 with zero state: m_hat = g, v_hat = g^2, so the update is lr * g / (|g| + eps), g = 0.5 grad.
+                g = 0.5 * grad.double()
+                expected = p0.double() - 1e-2 * g / (g.abs() + 1e-8)
                 tol = 1e-6 if p_dt == torch.float32 else 2**-7
                 assert_close(param, expected, tol, 1e-6, f"param {p_dt} grad {g_dt} state {s_dt}")
                 assert_close(m, 0.1 * 0.5 * grad.float(), 2**-7 if s_dt != torch.float32 else 1e-6, 1e-9,
