@@ -254,6 +254,14 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
     if (session == nullptr) {
       return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
     }
+    // A caller that gave up while the model was built would never learn the session's id: drop it
+    // rather than leak a session (and its device memory) until shutdown.
+    if (ctx->IsCancelled()) {
+      spdlog::info("CreateSession: the caller left after {:.2f} s; the new session is dropped", SecondsSince(start));
+      return std::chrono::system_clock::now() >= ctx->deadline()
+                 ? Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed while the session was created")
+                 : Error(grpc::StatusCode::CANCELLED, "the call was cancelled while the session was created");
+    }
     auto entry = std::make_shared<SessionEntry>();
     entry->session = std::move(session);
     RefreshInfo(entry.get());

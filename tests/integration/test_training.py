@@ -1,13 +1,14 @@
 """Training through the service: the loss falls, results are typed, batches may be lists or numpy
 arrays, retried request ids are not applied twice, two clients train two sessions at once."""
 import math
+import os
 import threading
 
 import numpy as np
 import pytest
 
 import tigon
-from conftest import CORPUS, TINY_LLAMA, byte_batches
+from conftest import CORPUS, ROOT, TINY_LLAMA, byte_batches
 
 
 def test_a_session_trains_and_its_loss_falls(shared_server):
@@ -131,3 +132,39 @@ def test_server_info_health_and_session_listing(shared_server):
         other = client.session(session.id)
         assert other.id == session.id
     assert session.id not in [s.session_id for s in client.list_sessions()]
+
+
+def test_sessions_from_hugging_face_folders_and_from_saved_checkpoints(shared_server):
+    client = shared_server.client()
+    fixture = os.path.join(ROOT, "tests", "fixtures", "llama")
+    with client.create_session(fixture, precision="fp32", optimizer=dict(lr=1e-2)) as session:
+        info = session.info_at_creation
+        assert info.model_family == "llama" and info.max_position_embeddings == 64
+        batch = [[t % info.vocab_size for t in range(i, i + 32)] for i in range(4)]
+        before = session.forward(batch).loss
+        for _ in range(5):
+            session.train_step(batch)
+        after = session.forward(batch).loss
+        assert after < before
+        session.save("from-fixture")
+    # A saved checkpoint is a Hugging Face folder: it starts a new session with the trained weights.
+    saved = os.path.join(shared_server.checkpoint_root, "from-fixture")
+    with client.create_session(saved, precision="fp32") as reloaded:
+        assert reloaded.forward(batch).loss == pytest.approx(after, rel=1e-6)
+
+
+def test_loading_a_checkpoint_of_another_model_is_refused_without_harm(shared_server):
+    client = shared_server.client()
+    with client.create_session(TINY_LLAMA, precision="fp32") as small:
+        small.train_step([[1, 2, 3, 4]])
+        small.save("tiny-llama")
+    wider = dict(TINY_LLAMA, hidden_size=64, intermediate_size=128)
+    with client.create_session(wider, precision="fp32") as session:
+        session.train_step([[1, 2, 3, 4]])
+        before = session.forward([[5, 6, 7, 8]]).loss
+        with pytest.raises((tigon.InvalidArgument, tigon.FailedPrecondition)) as err:
+            session.load("tiny-llama")
+        assert err.value.message
+        assert session.info().step == 1
+        assert session.forward([[5, 6, 7, 8]]).loss == before, "a refused load changes nothing"
+        assert session.train_step([[1, 2, 3, 4]]).step == 2

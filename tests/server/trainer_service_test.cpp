@@ -26,6 +26,7 @@ struct FakeEngine {
   std::atomic<int> running{0};
   std::atomic<int> most_running{0};
   std::atomic<int> step_sleep_ms{0};
+  std::atomic<int> create_sleep_ms{0};
   std::atomic<bool> throw_next{false};
   std::mutex mu;
   tigon::Status next_error;  // returned once by the next step
@@ -138,6 +139,7 @@ class TrainerServiceTest : public testing::Test {
     EngineApi api;
     api.create_session = [this](const tigon::SessionOptions& options, std::unique_ptr<tigon::Session>* out) {
       ++engine_.sessions_created;
+      std::this_thread::sleep_for(std::chrono::milliseconds(engine_.create_sleep_ms.load()));
       *out = std::make_unique<FakeSession>(&engine_, options);
       return tigon::Status();
     };
@@ -244,6 +246,26 @@ TEST_F(TrainerServiceTest, CreateGetListAndClose) {
   v1::StepResult result;
   EXPECT_EQ(Train(id, &result).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(Train(second, &result).ok());
+}
+
+TEST_F(TrainerServiceTest, ASessionWhoseCallerLeftDuringCreationIsDropped) {
+  ServiceConfig config;
+  config.max_sessions = 1;
+  Start(config);
+  engine_.create_sleep_ms = 400;
+  {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 100ms);
+    v1::SessionInfo info;
+    EXPECT_EQ(stub_->CreateSession(&ctx, request, &info).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  std::this_thread::sleep_for(500ms);  // the engine finishes building the session
+  EXPECT_EQ(engine_.sessions_created, 1);
+  EXPECT_EQ(service_->active_sessions(), 0);
+  engine_.create_sleep_ms = 0;
+  EXPECT_FALSE(Create().empty()) << "the dropped session does not hold the only place";
 }
 
 TEST_F(TrainerServiceTest, SessionLimitIsResourceExhaustedUntilOneCloses) {
