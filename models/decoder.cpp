@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "kernels/ops/ops.h"
-#include "kernels/torch_compat.h"
 #include "kernels/reference/reference.h"
+#include "kernels/torch_compat.h"
 #include "models/attention.h"
 #include "models/model.h"
 #include "models/rotary.h"
@@ -38,8 +38,7 @@ DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions
   for (const auto& op : OpTable::OpNames(config_)) ops_.Get(op);  // throws when the table lacks one
   const auto dtype = options.dtype().toScalarType();
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) {
-    throw ModelError("model parameters must be float32, bfloat16 or float16, not " +
-                     std::string(c10::toString(dtype)));
+    throw ModelError("model parameters must be float32, bfloat16 or float16, not " + std::string(c10::toString(dtype)));
   }
   if (static_cast<int64_t>(config_.sliding_window.size()) != config_.num_hidden_layers) {
     config_.sliding_window.resize(config_.num_hidden_layers, 0);
@@ -229,9 +228,19 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
       gate = linear(normed, p + "mlp.gate_proj", c.mlp_bias);
       up = linear(normed, p + "mlp.up_proj", c.mlp_bias);
     }
-    torch::Tensor act = geglu ? (fused_mlp ? ops::geglu(gate, up) : reference::geglu(gate, up))
-                              : (fused_mlp ? ops::swiglu(gate, up) : reference::swiglu(gate, up));
-    torch::Tensor mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);
+    torch::Tensor mlp;
+    if (fused_mlp) {
+      // Activation and down projection in one node that recomputes act(gate) * up in backward.
+      // LibTorch 1.13's autograd Function cannot take an undefined tensor argument (it asks it for its
+      // device), so a bias-free projection gets a constant zero bias: adding +0 leaves every value as is.
+      const torch::Tensor down_bias =
+          c.mlp_bias ? param(p + "mlp.down_proj.bias")
+                     : torch::zeros({c.hidden_size}, torch::TensorOptions().dtype(dtype()).device(device()));
+      mlp = ops::glu_linear(gate, up, param(p + "mlp.down_proj.weight"), down_bias, geglu);
+    } else {
+      torch::Tensor act = geglu ? reference::geglu(gate, up) : reference::swiglu(gate, up);
+      mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);
+    }
     const std::string next_norm =
         layer + 1 < c.num_hidden_layers ? LayerPrefix(layer + 1) + "input_layernorm.weight" : "model.norm.weight";
     std::tie(normed, residual) = add_norm(mlp, residual, param(next_norm));
@@ -241,7 +250,8 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
 
 torch::Tensor DecoderModel::Logits(const torch::Tensor& input_ids) const {
   const torch::Tensor hidden = HiddenStates(input_ids);
-  return at::linear(hidden, param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight")).to(torch::kFloat32);
+  return at::linear(hidden, param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"))
+      .to(torch::kFloat32);
 }
 
 torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
@@ -290,8 +300,7 @@ torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const 
   const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
   const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   // About 256 MB of fp32 logits per chunk, so a 128k vocabulary never materialises [tokens, V] at once.
-  const int64_t chunk =
-      chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, (int64_t{1} << 26) / config_.vocab_size);
+  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, (int64_t{1} << 26) / config_.vocab_size);
   torch::Tensor out = torch::zeros({tokens}, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
   for (int64_t start = 0; start < tokens; start += chunk) {
     const int64_t n = std::min(chunk, tokens - start);
