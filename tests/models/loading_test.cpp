@@ -342,6 +342,40 @@ TEST(ConfigParsing, LlamaAttentionAndMlpBiases) {
   EXPECT_FALSE(torch::allclose(model->Logits(ids), before));
 }
 
+// With non-zero biases everywhere, the fused table (fused norms, rope, glu_linear MLP with its bias, FLCE)
+// gives the reference table's loss and gradients.
+TEST(ConfigParsing, BiasedLlamaFusedMatchesReference) {
+  nlohmann::json config = testing::ReadConfig("llama");
+  config["attention_bias"] = true;
+  config["mlp_bias"] = true;
+  const ModelConfig parsed = ModelConfig::FromJson(config);
+  const OpTable fused_table = OpTable::AllFused(parsed), reference_table = OpTable::AllReference(parsed);
+  auto fused = CreateRandom(config, &fused_table, 4, torch::kFloat32, torch::kCPU);
+  auto reference = CreateRandom(config, &reference_table, 4, torch::kFloat32, torch::kCPU);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(4);
+    for (size_t i = 0; i < fused->parameters().size(); ++i) {
+      if (!Contains(fused->parameters()[i].name, ".bias")) continue;
+      const torch::Tensor values = 0.1 * torch::randn(fused->parameters()[i].tensor.sizes());
+      fused->parameters()[i].tensor.copy_(values);
+      reference->parameters()[i].tensor.copy_(values);
+    }
+  }
+  const torch::Tensor ids = torch::randint(0, 128, {2, 9}, torch::kInt64);
+  const torch::Tensor labels = torch::randint(0, 128, {2, 9}, torch::kInt64);
+  const torch::Tensor fused_loss = fused->LossSum(ids, labels, {});
+  const torch::Tensor reference_loss = reference->LossSum(ids, labels, {});
+  EXPECT_NEAR(fused_loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>());
+  fused_loss.backward();
+  reference_loss.backward();
+  for (size_t i = 0; i < fused->parameters().size(); ++i) {
+    EXPECT_LT(testing::RelativeError(fused->parameters()[i].tensor.grad(), reference->parameters()[i].tensor.grad()),
+              1e-4)
+        << fused->parameters()[i].name;
+  }
+}
+
 // --- Config parsing ---------------------------------------------------------------------------------
 
 TEST(ConfigParsing, FamilyDefaults) {
