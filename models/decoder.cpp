@@ -231,11 +231,7 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
     torch::Tensor mlp;
     if (fused_mlp) {
       // Activation and down projection in one node that recomputes act(gate) * up in backward.
-      // LibTorch 1.13's autograd Function cannot take an undefined tensor argument (it asks it for its
-      // device), so a bias-free projection gets a constant zero bias: adding +0 leaves every value as is.
-      const torch::Tensor down_bias =
-          c.mlp_bias ? param(p + "mlp.down_proj.bias")
-                     : torch::zeros({c.hidden_size}, torch::TensorOptions().dtype(dtype()).device(device()));
+      const torch::Tensor down_bias = c.mlp_bias ? param(p + "mlp.down_proj.bias") : torch::Tensor();
       mlp = ops::glu_linear(gate, up, param(p + "mlp.down_proj.weight"), down_bias, geglu);
     } else {
       torch::Tensor act = geglu ? reference::geglu(gate, up) : reference::swiglu(gate, up);

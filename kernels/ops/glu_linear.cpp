@@ -20,24 +20,24 @@ torch::Tensor Activate(const torch::Tensor& a, const torch::Tensor& b, bool gelu
 
 class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
  public:
+  // The bias (rare: Llama's mlp_bias) is added outside this node: LibTorch's custom functions ask every
+  // tensor argument for its device, which an undefined tensor does not have.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
-                               const torch::Tensor& weight, const torch::Tensor& bias, bool gelu) {
+                               const torch::Tensor& weight, bool gelu) {
     torch::Tensor h;
     {
       torch::NoGradGuard no_grad;
       h = Activate(a, b, gelu);
     }
-    auto y = bias.defined() ? at::linear(h, weight, bias) : at::linear(h, weight);
+    auto y = at::linear(h, weight);
     ctx->save_for_backward({a, b, weight});
     ctx->saved_data["gelu"] = gelu;
-    ctx->saved_data["has_bias"] = bias.defined();
     return y;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
     const bool gelu = ctx->saved_data["gelu"].toBool();
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const auto& weight = saved[2];
     auto grad_y = grad_outputs[0];
     // Recompute the activation through the fused op, so its own backward gives d/da and d/db.
@@ -50,12 +50,11 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
     }
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
     auto grad_y_rows = grad_y.reshape({-1, out_features});
-    torch::Tensor grad_weight, grad_bias;
+    torch::Tensor grad_weight;
     if (ctx->needs_input_grad(2)) grad_weight = grad_y_rows.t().mm(h.detach().reshape({-1, in_features}));
-    if (has_bias && ctx->needs_input_grad(3)) grad_bias = grad_y_rows.sum(0);
     auto grad_h = grad_y.matmul(weight);
     auto grads = torch::autograd::grad({h}, {a, b}, {grad_h});
-    return {grads[0], grads[1], grad_weight, grad_bias, torch::Tensor()};
+    return {grads[0], grads[1], grad_weight, torch::Tensor()};
   }
 };
 
@@ -67,7 +66,8 @@ torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const t
               b.sizes());
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == a.size(-1), "glu_linear: weight must be [out, ",
               a.size(-1), "], got ", weight.sizes());
-  return GluLinearFunction::apply(a, b, weight, bias, gelu);
+  auto y = GluLinearFunction::apply(a, b, weight, gelu);
+  return bias.defined() ? y + bias : y;
 }
 
 }  // namespace tigon::ops

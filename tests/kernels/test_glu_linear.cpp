@@ -12,7 +12,7 @@ struct Grads {
   torch::Tensor y, da, db, dw, dbias;
 };
 
-Grads Run(bool fused, bool gelu, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& w0,
+Grads RunGlu(bool fused, bool gelu, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& w0,
           const torch::Tensor& bias0, const torch::Tensor& dy) {
   auto a = a0.detach().clone().requires_grad_(true);
   auto b = b0.detach().clone().requires_grad_(true);
@@ -46,8 +46,8 @@ TEST(GluLinear, MatchesActivationThenLinearInFloat64) {
       auto w = torch::randn({19, 37}, torch::kDouble);
       auto bias = with_bias ? torch::randn({19}, torch::kDouble) : torch::Tensor();
       auto dy = torch::randn({3, 7, 19}, torch::kDouble);
-      auto f = Run(true, gelu, a, b, w, bias, dy);
-      auto r = Run(false, gelu, a, b, w, bias, dy);
+      auto f = RunGlu(true, gelu, a, b, w, bias, dy);
+      auto r = RunGlu(false, gelu, a, b, w, bias, dy);
       const std::string tag = std::string(gelu ? "geglu" : "swiglu") + (with_bias ? "+bias" : "");
       // float64 both ways: only summation order differs.
       ExpectClose(f.y, r.y, 1e-12, 1e-12, tag + " y");
@@ -65,12 +65,14 @@ TEST(GluLinear, Bf16MatchesTheUnfusedPath) {
   auto b = torch::randn({64, 96}).to(torch::kBFloat16);
   auto w = (0.1 * torch::randn({48, 96})).to(torch::kBFloat16);
   auto dy = torch::randn({64, 48}).to(torch::kBFloat16);
-  auto f = Run(true, false, a, b, w, {}, dy);
-  auto r = Run(false, false, a, b, w, {}, dy);
+  auto f = RunGlu(true, false, a, b, w, {}, dy);
+  auto r = RunGlu(false, false, a, b, w, {}, dy);
   // The fused activation rounds act(a)*b to bf16 exactly like the reference, so outputs agree to bf16
   // rounding of the matmul (atol 1e-2 over values of order 1, rtol 1e-2 as in the paper).
   ExpectClose(f.y, r.y, 1e-2, 1e-2, "y");
-  ExpectClose(f.dw, r.dw, 1e-2, 5e-2, "dw");
+  // dw sums 64 bf16 products per element; the two matmuls may round their partial sums in a different
+  // order, so allow a couple of bf16 ulps of the largest entry (2^-8 relative each).
+  ExpectClose(f.dw, r.dw, 1e-2, 2e-2 * r.dw.abs().max().item<double>(), "dw");
   ExpectClose(f.da, r.da, 1e-2, 1e-2, "da");
   ExpectClose(f.db, r.db, 1e-2, 1e-2, "db");
 }
