@@ -5,6 +5,7 @@
 // composition; see kernels/cuda/adamw.h.
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Optional.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 

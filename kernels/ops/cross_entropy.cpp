@@ -14,6 +14,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 #include <torch/torch.h>

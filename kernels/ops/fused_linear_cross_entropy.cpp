@@ -14,6 +14,8 @@
 // weights token_weights * grad_output; saved are the inputs.
 #include "kernels/ops/fused_linear_cross_entropy.h"
 
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 #include <torch/torch.h>

@@ -1,6 +1,7 @@
 // Fused AdamW (CPU path) against the reference (torch.optim.AdamW's single-tensor update written with the
 // same ATen ops) over several steps, and against a textbook AdamW written out here in double.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Optional.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

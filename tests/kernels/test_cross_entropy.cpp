@@ -2,6 +2,8 @@
 // autograd, in float64 unless a test says otherwise. The fused op overwrites its input with the gradient,
 // so every check hands it a clone.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

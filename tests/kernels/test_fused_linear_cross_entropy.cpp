@@ -1,6 +1,8 @@
 // Fused linear + cross entropy (CPU path: chunked, logits never whole) against the reference
 // composition (hidden @ W^T + b, then the reference cross entropy) and its autograd, in float64.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
