@@ -106,7 +106,9 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kernels", nargs="+", default=["fused", "reference"])
-    ap.add_argument("--max-seq", action="store_true")
+    ap.add_argument("--max-seq", action="store_true", help="find the longest sequence at batch 1")
+    ap.add_argument("--seqs", type=int, nargs="+", default=[16384, 20480, 24576, 32768, 40960, 49152, 65536],
+                    help="sequence lengths tried in order by --max-seq")
     ap.add_argument("--out")
     args = ap.parse_args()
     server = Server(args.server_bin)
@@ -116,7 +118,7 @@ def main():
         for kernels in args.kernels:
             if args.max_seq:
                 best = 0
-                for seq in [16384, 20480, 24576, 32768, 40960, 49152, 65536]:
+                for seq in args.seqs:
                     ok = fits(client, args.model, seq, kernels)
                     print(f"{args.model} {kernels} batch 1 seq {seq}: {'fits' if ok else 'out of memory'}",
                           flush=True)
