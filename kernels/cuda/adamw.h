@@ -27,14 +27,14 @@ struct AdamWParams {
   DType state_dtype = DType::kFloat32;  // kFloat32 or param_dtype, both moments alike
   void* param_copy = nullptr;           // optional
   DType param_copy_dtype = DType::kBFloat16;
-  int64_t n = 0;                        // elements in each buffer, all contiguous
+  int64_t n = 0;  // elements in each buffer, all contiguous
   // Scalars, computed by the caller in double and rounded once to fp32.
-  float decay_factor = 1.f;             // 1 - lr * weight_decay
+  float decay_factor = 1.f;  // 1 - lr * weight_decay
   float one_minus_beta1 = 0.1f;
   float beta2 = 0.999f;
   float one_minus_beta2 = 0.001f;
-  float step_size = 1e-4f;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt = 1.f;    // sqrt(1 - beta2^t)
+  float step_size = 1e-4f;            // lr / (1 - beta1^t)
+  float bias_correction2_sqrt = 1.f;  // sqrt(1 - beta2^t)
   float eps = 1e-8f;
   float grad_scale = 1.f;
 };

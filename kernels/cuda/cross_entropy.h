@@ -19,21 +19,21 @@
 namespace tigon::cuda {
 
 struct CrossEntropyParams {
-  void* logits = nullptr;              // [n_rows, vocab], last dim contiguous, rows `logits_row_stride` apart
-  int64_t logits_row_stride = 0;       // in elements
-  DType dtype = DType::kFloat32;       // of logits
-  const int64_t* target = nullptr;     // [n_rows], contiguous
+  void* logits = nullptr;                // [n_rows, vocab], last dim contiguous, rows `logits_row_stride` apart
+  int64_t logits_row_stride = 0;         // in elements
+  DType dtype = DType::kFloat32;         // of logits
+  const int64_t* target = nullptr;       // [n_rows], contiguous
   const float* token_weights = nullptr;  // [n_rows] or null (all 1)
-  const int64_t* n_valid = nullptr;    // device count of non-ignored targets (mean reduction) or null
-  float* loss = nullptr;               // [n_rows] per-row loss, fp32
+  const int64_t* n_valid = nullptr;      // device count of non-ignored targets (mean reduction) or null
+  float* loss = nullptr;                 // [n_rows] per-row loss, fp32
   int64_t n_rows = 0;
   int64_t vocab = 0;
   int64_t ignore_index = -100;
   float label_smoothing = 0.f;
   float z_loss_scale = 0.f;
-  float softcap = 0.f;                 // > 0 enables softcapping
+  float softcap = 0.f;  // > 0 enables softcapping
   float grad_scale = 1.f;
-  bool write_grad = true;              // false: loss only, logits untouched
+  bool write_grad = true;  // false: loss only, logits untouched
 };
 
 // Per-row loss, and (write_grad) the gradient in place of the logits. Asynchronous on `stream`.

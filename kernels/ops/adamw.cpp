@@ -73,11 +73,20 @@ void AdamWCpu(P* param, const G* grad, S* exp_avg, S* exp_avg_sq, C* copy, int64
 template <typename F>
 void WithFloatType(torch::ScalarType t, F&& f) {
   switch (t) {
-    case torch::kDouble: f(double{}); break;
-    case torch::kFloat: f(float{}); break;
-    case torch::kBFloat16: f(at::BFloat16{}); break;
-    case torch::kHalf: f(at::Half{}); break;
-    default: TORCH_CHECK(false, "adamw_step: unsupported dtype ", t);
+    case torch::kDouble:
+      f(double{});
+      break;
+    case torch::kFloat:
+      f(float{});
+      break;
+    case torch::kBFloat16:
+      f(at::BFloat16{});
+      break;
+    case torch::kHalf:
+      f(at::Half{});
+      break;
+    default:
+      TORCH_CHECK(false, "adamw_step: unsupported dtype ", t);
   }
 }
 
@@ -119,12 +128,14 @@ void CheckBuffers(const torch::Tensor& param, const torch::Tensor& grad, const t
     TORCH_CHECK(t->device() == param.device(), "adamw_step: buffers on different devices");
   }
   const auto p = param.scalar_type();
-  TORCH_CHECK(p == torch::kFloat || p == torch::kBFloat16 || p == torch::kHalf || (p == torch::kDouble && param.is_cpu()),
-              "adamw_step: param must be float32, bfloat16 or float16, got ", p);
+  TORCH_CHECK(
+      p == torch::kFloat || p == torch::kBFloat16 || p == torch::kHalf || (p == torch::kDouble && param.is_cpu()),
+      "adamw_step: param must be float32, bfloat16 or float16, got ", p);
   // Any float gradient: bf16 gradients of fp32 master weights are the bf16_mixed policy's case.
   const auto g = grad.scalar_type();
-  TORCH_CHECK(g == torch::kFloat || g == torch::kBFloat16 || g == torch::kHalf || (g == torch::kDouble && grad.is_cpu()),
-              "adamw_step: grad must be float32, bfloat16 or float16, got ", g);
+  TORCH_CHECK(
+      g == torch::kFloat || g == torch::kBFloat16 || g == torch::kHalf || (g == torch::kDouble && grad.is_cpu()),
+      "adamw_step: grad must be float32, bfloat16 or float16, got ", g);
   TORCH_CHECK(exp_avg.scalar_type() == exp_avg_sq.scalar_type(), "adamw_step: exp_avg and exp_avg_sq dtypes differ");
   TORCH_CHECK(exp_avg.scalar_type() == p || exp_avg.scalar_type() == torch::kFloat,
               "adamw_step: optimizer state must be param's dtype or float32, got ", exp_avg.scalar_type());

@@ -37,9 +37,9 @@ namespace {
 // One row of the fused algorithm on the CPU, in acc_t (fp32, fp64 for fp64 logits) with double row sums:
 // the online softmax (running max and rescaled sum in one pass), then the gradient pass over the row.
 template <typename scalar_t, typename acc_t>
-void CrossEntropyRowsCpu(scalar_t* logits, int64_t row_stride, int64_t n_rows, int64_t vocab,
-                         const int64_t* target, const acc_t* weights, const CrossEntropyOptions& options,
-                         acc_t grad_scale, bool write_grad, acc_t* loss) {
+void CrossEntropyRowsCpu(scalar_t* logits, int64_t row_stride, int64_t n_rows, int64_t vocab, const int64_t* target,
+                         const acc_t* weights, const CrossEntropyOptions& options, acc_t grad_scale, bool write_grad,
+                         acc_t* loss) {
   const acc_t cap = static_cast<acc_t>(options.softcap);
   const bool softcap = options.softcap > 0;
   const acc_t eps = static_cast<acc_t>(options.label_smoothing);
@@ -99,9 +99,7 @@ torch::ScalarType LossDType(const torch::Tensor& logits) {
   return logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
-torch::Tensor CountValid(const torch::Tensor& target, int64_t ignore_index) {
-  return target.ne(ignore_index).sum();
-}
+torch::Tensor CountValid(const torch::Tensor& target, int64_t ignore_index) { return target.ne(ignore_index).sum(); }
 
 Reduction ParseReduction(const std::string& name) {
   if (name == "mean") return Reduction::kMean;
@@ -112,10 +110,13 @@ Reduction ParseReduction(const std::string& name) {
 
 torch::Tensor ReduceLoss(const torch::Tensor& loss_rows, const torch::Tensor& n_valid, Reduction reduction) {
   switch (reduction) {
-    case Reduction::kNone: return loss_rows;
-    case Reduction::kSum: return loss_rows.sum();
+    case Reduction::kNone:
+      return loss_rows;
+    case Reduction::kSum:
+      return loss_rows.sum();
     case Reduction::kMean:
-    default: return loss_rows.sum() / n_valid.clamp_min(1).to(loss_rows.scalar_type());
+    default:
+      return loss_rows.sum() / n_valid.clamp_min(1).to(loss_rows.scalar_type());
   }
 }
 
@@ -131,7 +132,8 @@ void CrossEntropyRows(const torch::Tensor& logits, const torch::Tensor& target, 
 #ifdef TIGON_CUDA_KERNELS
   if (logits.is_cuda()) {
     c10::DeviceGuard guard(logits.device());
-    const torch::Tensor weights_c = token_weights.defined() ? token_weights.to(torch::kFloat).contiguous() : torch::Tensor();
+    const torch::Tensor weights_c =
+        token_weights.defined() ? token_weights.to(torch::kFloat).contiguous() : torch::Tensor();
     cuda::CrossEntropyParams p;
     p.logits = logits.data_ptr();
     p.logits_row_stride = logits.stride(0);
@@ -176,8 +178,8 @@ using torch::autograd::variable_list;
 void CheckInputs(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& token_weights) {
   TORCH_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, V], got ", logits.sizes());
   TORCH_CHECK(logits.size(1) > 0, "cross_entropy: empty vocabulary");
-  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "cross_entropy: target must be [N] with N = ",
-              logits.size(0), ", got ", target.sizes());
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
+              "cross_entropy: target must be [N] with N = ", logits.size(0), ", got ", target.sizes());
   TORCH_CHECK(target.scalar_type() == torch::kLong, "cross_entropy: target must be int64");
   TORCH_CHECK(target.device() == logits.device(), "cross_entropy: target and logits on different devices");
   if (token_weights.defined()) {
@@ -228,8 +230,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 
 torch::Tensor CrossEntropyOp(const torch::Tensor& logits, const torch::Tensor& target,
                              const c10::optional<torch::Tensor>& token_weights, int64_t ignore_index,
-                             c10::string_view reduction, double label_smoothing, double z_loss_scale,
-                             double softcap) {
+                             c10::string_view reduction, double label_smoothing, double z_loss_scale, double softcap) {
   CrossEntropyOptions options;
   options.ignore_index = ignore_index;
   options.reduction = detail::ParseReduction(std::string(reduction.data(), reduction.size()));

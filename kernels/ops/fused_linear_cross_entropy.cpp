@@ -117,7 +117,8 @@ void CheckInputs(const torch::Tensor& hidden, const torch::Tensor& weight, const
   if (token_weights.defined()) {
     TORCH_CHECK(token_weights.dim() == 1 && token_weights.size(0) == hidden.size(0),
                 "fused_linear_cross_entropy: token_weights must be [N]");
-    TORCH_CHECK(token_weights.device() == hidden.device(), "fused_linear_cross_entropy: token_weights on another device");
+    TORCH_CHECK(token_weights.device() == hidden.device(),
+                "fused_linear_cross_entropy: token_weights on another device");
   }
 }
 
@@ -212,9 +213,8 @@ torch::Tensor FusedLinearCrossEntropyOp(const torch::Tensor& hidden, const torch
   options.label_smoothing = label_smoothing;
   options.z_loss_scale = z_loss_scale;
   options.softcap = softcap;
-  return fused_linear_cross_entropy_chunked(hidden, weight, bias.has_value() ? *bias : torch::Tensor(), target,
-                                            options, token_weights.has_value() ? *token_weights : torch::Tensor(),
-                                            chunk_size);
+  return fused_linear_cross_entropy_chunked(hidden, weight, bias.has_value() ? *bias : torch::Tensor(), target, options,
+                                            token_weights.has_value() ? *token_weights : torch::Tensor(), chunk_size);
 }
 
 }  // namespace
@@ -233,8 +233,8 @@ int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hi
 
 torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                  const torch::Tensor& bias, const torch::Tensor& target,
-                                                 const CrossEntropyOptions& options,
-                                                 const torch::Tensor& token_weights, int64_t chunk_size) {
+                                                 const CrossEntropyOptions& options, const torch::Tensor& token_weights,
+                                                 int64_t chunk_size) {
   const bool grad_mode = torch::GradMode::is_enabled();
   const bool need_hidden = grad_mode && hidden.requires_grad();
   const bool need_weight = grad_mode && weight.requires_grad();

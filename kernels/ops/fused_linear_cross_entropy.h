@@ -12,8 +12,8 @@ namespace tigon::ops {
 // chunk_size <= 0 picks DefaultFusedLinearCrossEntropyChunk.
 torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                  const torch::Tensor& bias, const torch::Tensor& target,
-                                                 const CrossEntropyOptions& options,
-                                                 const torch::Tensor& token_weights, int64_t chunk_size);
+                                                 const CrossEntropyOptions& options, const torch::Tensor& token_weights,
+                                                 int64_t chunk_size);
 
 // Rows per chunk for n tokens, vocabulary `vocab`, hidden size `hidden` and logits of `element_size` bytes.
 int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hidden, int64_t element_size);

@@ -10,10 +10,9 @@
 
 namespace tigon::reference {
 
-void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
-                torch::Tensor& exp_avg_sq, const AdamWOptions& options, torch::Tensor param_copy) {
-  TORCH_CHECK(grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
-                  exp_avg_sq.numel() == param.numel(),
+void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
+                const AdamWOptions& options, torch::Tensor param_copy) {
+  TORCH_CHECK(grad.numel() == param.numel() && exp_avg.numel() == param.numel() && exp_avg_sq.numel() == param.numel(),
               "adamw_step: param, grad, exp_avg and exp_avg_sq must have the same length");
   TORCH_CHECK(options.step >= 1, "adamw_step: step is 1-based");
   torch::NoGradGuard no_grad;

@@ -11,8 +11,8 @@ namespace tigon::reference {
 namespace {
 
 // Per-token losses [N] in fp32 (fp64 when the logits are fp64, for the tests' oracle).
-torch::Tensor PerTokenLoss(const torch::Tensor& logits, const torch::Tensor& target,
-                           const CrossEntropyOptions& options, const torch::Tensor& token_weights) {
+torch::Tensor PerTokenLoss(const torch::Tensor& logits, const torch::Tensor& target, const CrossEntropyOptions& options,
+                           const torch::Tensor& token_weights) {
   TORCH_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, V], got ", logits.sizes());
   TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "cross_entropy: target must be [N]");
   TORCH_CHECK(target.scalar_type() == torch::kLong, "cross_entropy: target must be int64");
@@ -43,8 +43,10 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
                             const CrossEntropyOptions& options, const torch::Tensor& token_weights) {
   const torch::Tensor loss = PerTokenLoss(logits, target, options, token_weights);
   switch (options.reduction) {
-    case Reduction::kNone: return loss;
-    case Reduction::kSum: return loss.sum();
+    case Reduction::kNone:
+      return loss;
+    case Reduction::kSum:
+      return loss.sum();
     case Reduction::kMean:
     default: {
       // An all-ignored batch gives 0 (not torch's 0/0 = NaN): a fully masked micro-batch must not poison

@@ -8,11 +8,10 @@ namespace tigon::reference {
 
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
-                                         const CrossEntropyOptions& options,
-                                         const torch::Tensor& token_weights) {
+                                         const CrossEntropyOptions& options, const torch::Tensor& token_weights) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
-              "fused_linear_cross_entropy: hidden must be [N, H] and weight [V, H], got ", hidden.sizes(),
-              " and ", weight.sizes());
+              "fused_linear_cross_entropy: hidden must be [N, H] and weight [V, H], got ", hidden.sizes(), " and ",
+              weight.sizes());
   const torch::Tensor logits = bias.defined() ? torch::addmm(bias, hidden, weight.t()) : torch::mm(hidden, weight.t());
   return cross_entropy(logits, target, options, token_weights);
 }

@@ -19,8 +19,7 @@ struct AdamWBuffers {
   torch::Tensor param, exp_avg, exp_avg_sq, param_copy;
 };
 
-AdamWBuffers MakeAdamWBuffers(int64_t n, torch::ScalarType param_dtype, torch::ScalarType state_dtype,
-                              uint64_t seed) {
+AdamWBuffers MakeAdamWBuffers(int64_t n, torch::ScalarType param_dtype, torch::ScalarType state_dtype, uint64_t seed) {
   torch::manual_seed(seed);
   AdamWBuffers b;
   b.param = torch::randn({n}, torch::kDouble).to(param_dtype);
@@ -139,7 +138,8 @@ TEST(AdamWCpu, MatchesTextbookAdamW) {
     p = p - o.lr * m_hat / (v_hat.sqrt() + o.eps);
   }
   for (auto dtype : {torch::kDouble, torch::kFloat}) {
-    torch::Tensor fp = p0.to(dtype, /*non_blocking=*/false, /*copy=*/true), fm = torch::zeros({n}, dtype), fv = torch::zeros({n}, dtype);
+    torch::Tensor fp = p0.to(dtype, /*non_blocking=*/false, /*copy=*/true), fm = torch::zeros({n}, dtype),
+                  fv = torch::zeros({n}, dtype);
     for (int s = 1; s <= 6; ++s) ops::adamw_step(fp, grads[s - 1].to(dtype), fm, fv, Options(s));
     const double rtol = dtype == torch::kDouble ? 1e-12 : 1e-5;
     EXPECT_TRUE(torch::allclose(fp.to(torch::kDouble), p, rtol, rtol))
@@ -161,11 +161,11 @@ TEST(AdamWCpu, RejectsBadBuffers) {
 
 // torch.ops.tigon.adamw_step as Python sees it: in place on its mutable arguments.
 TEST(AdamWCpu, RegisteredTorchOp) {
-  auto op = c10::Dispatcher::singleton()
-                .findSchemaOrThrow("tigon::adamw_step", "")
-                .typed<void(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                            double, double, double, double, double, int64_t, double,
-                            const c10::optional<torch::Tensor>&)>();
+  auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("tigon::adamw_step", "")
+          .typed<void(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double,
+                      double, double, double, double, int64_t, double, const c10::optional<torch::Tensor>&)>();
   AdamWBuffers fused = MakeAdamWBuffers(100, torch::kFloat, torch::kFloat, 8);
   fused.param_copy = torch::zeros({100}, torch::kHalf);
   AdamWBuffers ref = Clone(fused);

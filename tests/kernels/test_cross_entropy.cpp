@@ -46,9 +46,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> RunBoth(c
                                                                                const CrossEntropyOptions& options,
                                                                                const torch::Tensor& weights,
                                                                                double scalar_upstream = 1.0) {
-  torch::Tensor upstream = options.reduction == Reduction::kNone
-                               ? torch::randn({logits.size(0)}, torch::kDouble)
-                               : torch::full({}, scalar_upstream, torch::kDouble);
+  torch::Tensor upstream = options.reduction == Reduction::kNone ? torch::randn({logits.size(0)}, torch::kDouble)
+                                                                 : torch::full({}, scalar_upstream, torch::kDouble);
   torch::Tensor x_ref = logits.detach().clone().requires_grad_(true);
   torch::Tensor loss_ref = reference::cross_entropy(x_ref, target, options, weights);
   loss_ref.backward(upstream.to(loss_ref.scalar_type()));
@@ -205,8 +204,8 @@ TEST(CrossEntropyCpu, BFloat16WithinStatedTolerance) {
     torch::Tensor x = in.logits.clone().requires_grad_(true);
     torch::Tensor loss = ops::cross_entropy(x, in.target, o, in.weights);
     EXPECT_EQ(loss.scalar_type(), torch::kFloat);
-    const torch::Tensor upstream = reduction == Reduction::kNone ? torch::rand({16}, torch::kDouble) + 0.5
-                                                                 : torch::ones({}, torch::kDouble);
+    const torch::Tensor upstream =
+        reduction == Reduction::kNone ? torch::rand({16}, torch::kDouble) + 0.5 : torch::ones({}, torch::kDouble);
     loss_ref.backward(upstream);
     loss.backward(upstream.to(torch::kFloat));
     EXPECT_EQ(x.grad().scalar_type(), torch::kBFloat16);

@@ -43,9 +43,9 @@ FlceResult RunFlce(const FlceInputs& in, const CrossEntropyOptions& o, bool use_
   torch::Tensor weight = in.weight.clone().requires_grad_(weight_requires_grad);
   torch::Tensor bias = use_bias ? in.bias.clone().requires_grad_(true) : torch::Tensor();
   const torch::Tensor tw = use_weights ? in.weights : torch::Tensor();
-  torch::Tensor loss = chunk_size < 0
-                           ? reference::fused_linear_cross_entropy(hidden, weight, bias, in.target, o, tw)
-                           : ops::fused_linear_cross_entropy_chunked(hidden, weight, bias, in.target, o, tw, chunk_size);
+  torch::Tensor loss =
+      chunk_size < 0 ? reference::fused_linear_cross_entropy(hidden, weight, bias, in.target, o, tw)
+                     : ops::fused_linear_cross_entropy_chunked(hidden, weight, bias, in.target, o, tw, chunk_size);
   loss.backward(upstream.to(loss.scalar_type()));
   return {loss.detach(), hidden.grad(), weight.grad(), use_bias ? bias.grad() : torch::Tensor()};
 }
@@ -120,8 +120,8 @@ TEST(FusedLinearCrossEntropyCpu, ScalarUpstreamOtherThanOne) {
     CrossEntropyOptions o;
     o.reduction = reduction;
     const torch::Tensor upstream = torch::full({}, 0.37, torch::kDouble);
-    ExpectSameResult(RunFlce(in, o, true, true, 6, upstream), RunFlce(in, o, true, true, -1, upstream), 1e-10,
-                     1e-12, "scaled upstream");
+    ExpectSameResult(RunFlce(in, o, true, true, 6, upstream), RunFlce(in, o, true, true, -1, upstream), 1e-10, 1e-12,
+                     "scaled upstream");
   }
 }
 
