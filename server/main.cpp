@@ -86,6 +86,9 @@ int Run(const ServerOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default, which would let a second server share a port that is in use
+  // (each getting part of the calls); refuse to start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   // Larger requests are refused by gRPC with RESOURCE_EXHAUSTED ("Received message larger than max").

@@ -1,5 +1,7 @@
 #include "server/metrics_endpoint.h"
 
+#include <sys/socket.h>
+
 #include <httplib.h>
 
 namespace tigon::server {
@@ -14,6 +16,12 @@ bool MetricsEndpoint::Start(const std::string& address, int* bound_port, std::st
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const int port = std::stoi(address.substr(colon + 1));
   http_ = std::make_unique<httplib::Server>();
+  // httplib's default adds SO_REUSEPORT, which lets a second server share a port in use; keep only
+  // SO_REUSEADDR so that binding a taken port fails.
+  http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(metrics_->Render(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -143,3 +143,14 @@ def test_generated_python_code_is_current(tmp_path):
     for name in ("trainer_pb2.py", "trainer_pb2_grpc.py"):
         assert filecmp.cmp(tmp_path / "tigon" / "v1" / name, os.path.join(committed, name), shallow=False), \
             f"{name} is stale: run client/python/generate_proto.sh"
+
+
+def test_a_port_in_use_is_refused_at_start(shared_server):
+    port = shared_server.address.rsplit(":", 1)[1]
+    out = subprocess.run([server_binary(), f"--listen=127.0.0.1:{port}", "--metrics-listen=off"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "cannot listen" in out.stderr
+    metrics_port = shared_server.metrics_url.split(":")[-1].split("/")[0]
+    out = subprocess.run([server_binary(), "--listen=127.0.0.1:0", f"--metrics-listen=127.0.0.1:{metrics_port}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "cannot listen for metrics" in out.stderr
