@@ -24,8 +24,7 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-bool TokenAuthenticator::LoadFromFile(const std::string& path, TokenAuthenticator* out,
-                                      std::string* error) {
+bool TokenAuthenticator::LoadFromFile(const std::string& path, TokenAuthenticator* out, std::string* error) {
   std::ifstream in(path);
   if (!in) {
     *error = "cannot read the auth token file '" + path + "'";
@@ -58,13 +57,11 @@ bool TokenAuthenticator::Accepts(const std::string& token) const {
   return accepted;
 }
 
-grpc::Status TokenAuthenticator::Check(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+grpc::Status TokenAuthenticator::Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
   if (!enabled()) return grpc::Status::OK;
   auto range = metadata.equal_range("authorization");
   if (range.first == range.second) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata");
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata");
   }
   for (auto it = range.first; it != range.second; ++it) {
     std::string value(it->second.data(), it->second.size());
@@ -75,8 +72,7 @@ grpc::Status TokenAuthenticator::Check(
       if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) scheme_matches = false;
     }
     if (!scheme_matches) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "the authorization metadata must be 'Bearer <token>'");
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the authorization metadata must be 'Bearer <token>'");
     }
     if (Accepts(Trim(value.substr(kScheme.size())))) return grpc::Status::OK;
   }

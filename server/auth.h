@@ -1,12 +1,12 @@
 // Bearer-token authentication of Trainer calls (--auth-token-file).
 #pragma once
 
+#include <grpcpp/support/status.h>
+#include <grpcpp/support/string_ref.h>
+
 #include <map>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/status.h>
-#include <grpcpp/support/string_ref.h>
 
 namespace tigon::server {
 

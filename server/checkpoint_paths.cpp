@@ -50,8 +50,7 @@ grpc::Status CheckpointRoot::Resolve(const std::string& request_path, std::strin
   bool escapes = inside.empty() || *inside.begin() == "..";
   if (escapes) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "the checkpoint path '" + request_path +
-                            "' resolves outside the server's checkpoint root");
+                        "the checkpoint path '" + request_path + "' resolves outside the server's checkpoint root");
   }
   if (inside == ".") {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

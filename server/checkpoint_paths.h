@@ -1,9 +1,9 @@
 // Checkpoint paths from requests, resolved inside --checkpoint-root.
 #pragma once
 
-#include <string>
-
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 namespace tigon::server {
 
@@ -22,8 +22,7 @@ class CheckpointRoot {
   // itself, is refused: FAILED_PRECONDITION when checkpoints are disabled, INVALID_ARGUMENT for an
   // empty path or one with a NUL byte, PERMISSION_DENIED for an escape. On success `absolute` is
   // the resolved path and `relative` the same path relative to the root.
-  grpc::Status Resolve(const std::string& request_path, std::string* absolute,
-                       std::string* relative) const;
+  grpc::Status Resolve(const std::string& request_path, std::string* absolute, std::string* relative) const;
 
  private:
   std::string root_;

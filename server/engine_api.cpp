@@ -4,8 +4,7 @@ namespace tigon::server {
 
 EngineApi RealEngineApi() {
   EngineApi api;
-  api.create_session = [](const tigon::SessionOptions& options,
-                          std::unique_ptr<tigon::Session>* session) {
+  api.create_session = [](const tigon::SessionOptions& options, std::unique_ptr<tigon::Session>* session) {
     return tigon::CreateSession(options, session);
   };
   api.list_devices = [] { return tigon::ListDevices(); };

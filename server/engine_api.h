@@ -12,8 +12,7 @@
 namespace tigon::server {
 
 struct EngineApi {
-  std::function<tigon::Status(const tigon::SessionOptions&, std::unique_ptr<tigon::Session>*)>
-      create_session;
+  std::function<tigon::Status(const tigon::SessionOptions&, std::unique_ptr<tigon::Session>*)> create_session;
   std::function<std::vector<tigon::DeviceInfo>()> list_devices;
   std::vector<std::string> model_families;
   std::string engine_version;

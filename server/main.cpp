@@ -1,7 +1,12 @@
 // tigon-server: parses the flags, connects the engine's log sink to spdlog, starts the Trainer, health
 // and reflection services and the metrics endpoint, waits for SIGTERM or SIGINT, then drains.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdio>
@@ -9,12 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "server/auth.h"
 #include "server/checkpoint_paths.h"
@@ -41,10 +40,18 @@ void ConfigureLogging(const std::string& level) {
   spdlog::flush_on(spdlog::level::info);
   tigon::SetLogSink([](tigon::LogLevel engine_level, const std::string& message) {
     switch (engine_level) {
-      case tigon::LogLevel::kDebug: spdlog::debug("engine: {}", message); break;
-      case tigon::LogLevel::kInfo: spdlog::info("engine: {}", message); break;
-      case tigon::LogLevel::kWarning: spdlog::warn("engine: {}", message); break;
-      case tigon::LogLevel::kError: spdlog::error("engine: {}", message); break;
+      case tigon::LogLevel::kDebug:
+        spdlog::debug("engine: {}", message);
+        break;
+      case tigon::LogLevel::kInfo:
+        spdlog::info("engine: {}", message);
+        break;
+      case tigon::LogLevel::kWarning:
+        spdlog::warn("engine: {}", message);
+        break;
+      case tigon::LogLevel::kError:
+        spdlog::error("engine: {}", message);
+        break;
     }
   });
 }
@@ -118,11 +125,17 @@ int Run(const ServerOptions& options) {
   std::printf("tigon-server listening on %s\n", address.c_str());
   if (!metrics_address.empty()) std::printf("tigon-server metrics on http://%s/metrics\n", metrics_address.c_str());
   std::fflush(stdout);
-  spdlog::info("tigon-server {} (engine {}) listening on {}; model families: {}; devices: {}; auth {}; "
-               "checkpoints {}", TIGON_VERSION, engine.engine_version, address,
-               [&] { std::string s; for (auto& f : engine.model_families) s += (s.empty() ? "" : ",") + f; return s; }(),
-               engine.list_devices().size(), options.auth_token_file.empty() ? "off" : "on",
-               checkpoints.enabled() ? checkpoints.root() : std::string("disabled"));
+  spdlog::info(
+      "tigon-server {} (engine {}) listening on {}; model families: {}; devices: {}; auth {}; "
+      "checkpoints {}",
+      TIGON_VERSION, engine.engine_version, address,
+      [&] {
+        std::string s;
+        for (auto& f : engine.model_families) s += (s.empty() ? "" : ",") + f;
+        return s;
+      }(),
+      engine.list_devices().size(), options.auth_token_file.empty() ? "off" : "on",
+      checkpoints.enabled() ? checkpoints.root() : std::string("disabled"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

@@ -12,10 +12,14 @@ namespace {
 std::string Escape(const std::string& value) {
   std::string out;
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -37,8 +41,7 @@ class Writer {
   void Header(const char* name, const char* type, const char* help) {
     out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   }
-  void Sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels,
-              double value) {
+  void Sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels, double value) {
     out_ << name;
     if (!labels.empty()) {
       out_ << "{";
@@ -80,8 +83,8 @@ void Metrics::RecordRpc(const std::string& method, const std::string& code) {
   ++rpcs_[{method, code}];
 }
 
-void Metrics::RecordStep(const std::string& session_id, const std::string& model_family,
-                         const std::string& method, const tigon::StepStats& stats) {
+void Metrics::RecordStep(const std::string& session_id, const std::string& model_family, const std::string& method,
+                         const tigon::StepStats& stats) {
   std::lock_guard<std::mutex> lock(mu_);
   step_seconds_[{method, model_family}].Observe(stats.wall_seconds);
   if (method != "OptimStep") tokens_total_[model_family] += static_cast<uint64_t>(stats.tokens);
@@ -99,8 +102,7 @@ void Metrics::RecordStep(const std::string& session_id, const std::string& model
   s.has_step = true;
 }
 
-void Metrics::RecordForward(const std::string&, const std::string& model_family, int64_t tokens,
-                            double seconds) {
+void Metrics::RecordForward(const std::string&, const std::string& model_family, int64_t tokens, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   step_seconds_[{"Forward", model_family}].Observe(seconds);
   tokens_total_[model_family] += static_cast<uint64_t>(tokens);
@@ -124,9 +126,8 @@ void Metrics::SessionClosed(const std::string& session_id) {
   sessions_.erase(session_id);
 }
 
-void Metrics::RecordSavings(const std::string& session_id, const std::string&,
-                            const std::string& kernels, int64_t peak_allocated_bytes,
-                            double step_seconds) {
+void Metrics::RecordSavings(const std::string& session_id, const std::string&, const std::string& kernels,
+                            int64_t peak_allocated_bytes, double step_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) it->second.savings[kernels] = {peak_allocated_bytes, step_seconds};
@@ -148,8 +149,7 @@ std::string Metrics::Render() const {
     w.Sample("tigon_rpcs_total", {{"method", key.first}, {"code", key.second}}, static_cast<double>(count));
   }
 
-  w.Header("tigon_step_duration_seconds", "histogram",
-           "Time inside the engine per call, by method and model family.");
+  w.Header("tigon_step_duration_seconds", "histogram", "Time inside the engine per call, by method and model family.");
   for (const auto& [key, h] : step_seconds_) {
     uint64_t cumulative = 0;
     for (size_t i = 0; i < kStepBuckets.size(); ++i) {
@@ -159,8 +159,7 @@ std::string Metrics::Render() const {
                static_cast<double>(cumulative));
     }
     w.Sample("tigon_step_duration_seconds_bucket",
-             {{"method", key.first}, {"model_family", key.second}, {"le", "+Inf"}},
-             static_cast<double>(h.count));
+             {{"method", key.first}, {"model_family", key.second}, {"le", "+Inf"}}, static_cast<double>(h.count));
     w.Sample("tigon_step_duration_seconds_sum", {{"method", key.first}, {"model_family", key.second}}, h.sum);
     w.Sample("tigon_step_duration_seconds_count", {{"method", key.first}, {"model_family", key.second}},
              static_cast<double>(h.count));
@@ -220,8 +219,8 @@ std::string Metrics::Render() const {
            "Peak allocated device memory of one measured step, by kernel choice (MeasureSavings).");
   for (const auto& [id, s] : sessions_) {
     for (const auto& [kernels, m] : s.savings) {
-      w.Sample("tigon_savings_peak_allocated_bytes", {{"session", id}, {"model_family", s.model_family}, {"kernels", kernels}},
-               static_cast<double>(m.first));
+      w.Sample("tigon_savings_peak_allocated_bytes",
+               {{"session", id}, {"model_family", s.model_family}, {"kernels", kernels}}, static_cast<double>(m.first));
     }
   }
   w.Header("tigon_savings_step_seconds", "gauge", "Time of one measured step, by kernel choice (MeasureSavings).");
@@ -234,7 +233,8 @@ std::string Metrics::Render() const {
 
   w.Header("tigon_device_memory_total_bytes", "gauge", "Device memory, total.");
   for (const auto& d : devices) {
-    w.Sample("tigon_device_memory_total_bytes", {{"device", std::to_string(d.index)}}, static_cast<double>(d.total_bytes));
+    w.Sample("tigon_device_memory_total_bytes", {{"device", std::to_string(d.index)}},
+             static_cast<double>(d.total_bytes));
   }
   w.Header("tigon_device_memory_used_bytes", "gauge", "Device memory in use (total - free).");
   for (const auto& d : devices) {

@@ -27,16 +27,15 @@ class Metrics {
   // Every Trainer call: its method and its gRPC status code name (e.g. "OK").
   void RecordRpc(const std::string& method, const std::string& code);
   // A successful engine call that ran a batch or an optimizer step.
-  void RecordStep(const std::string& session_id, const std::string& model_family,
-                  const std::string& method, const tigon::StepStats& stats);
-  void RecordForward(const std::string& session_id, const std::string& model_family, int64_t tokens,
-                     double seconds);
+  void RecordStep(const std::string& session_id, const std::string& model_family, const std::string& method,
+                  const tigon::StepStats& stats);
+  void RecordForward(const std::string& session_id, const std::string& model_family, int64_t tokens, double seconds);
   void RecordOutOfMemory(const std::string& model_family);
   void SessionOpened(const std::string& session_id, const tigon::SessionInfo& info);
   void SessionClosed(const std::string& session_id);
   // Peak memory and step time of one step with each kernel choice (MeasureSavings).
-  void RecordSavings(const std::string& session_id, const std::string& model_family,
-                     const std::string& kernels, int64_t peak_allocated_bytes, double step_seconds);
+  void RecordSavings(const std::string& session_id, const std::string& model_family, const std::string& kernels,
+                     int64_t peak_allocated_bytes, double step_seconds);
 
   std::string Render() const;
 
@@ -67,11 +66,11 @@ class Metrics {
 
   mutable std::mutex mu_;
   std::function<std::vector<tigon::DeviceInfo>()> device_source_;
-  std::map<std::pair<std::string, std::string>, uint64_t> rpcs_;                 // method, code
-  std::map<std::pair<std::string, std::string>, Histogram> step_seconds_;         // method, family
-  std::map<std::string, uint64_t> tokens_total_;                                  // family
-  std::map<std::string, uint64_t> oom_total_;                                     // family
-  std::map<std::string, SessionSeries> sessions_;                                 // session id
+  std::map<std::pair<std::string, std::string>, uint64_t> rpcs_;           // method, code
+  std::map<std::pair<std::string, std::string>, Histogram> step_seconds_;  // method, family
+  std::map<std::string, uint64_t> tokens_total_;                           // family
+  std::map<std::string, uint64_t> oom_total_;                              // family
+  std::map<std::string, SessionSeries> sessions_;                          // session id
 };
 
 }  // namespace tigon::server

@@ -1,8 +1,7 @@
 #include "server/metrics_endpoint.h"
 
-#include <sys/socket.h>
-
 #include <httplib.h>
+#include <sys/socket.h>
 
 namespace tigon::server {
 

@@ -118,8 +118,7 @@ std::string HelpText() {
   return out.str();
 }
 
-ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOptions* options,
-                                std::string* error) {
+ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOptions* options, std::string* error) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {

@@ -12,10 +12,10 @@ struct ServerOptions {
   std::string auth_token_file;             // empty: no authentication
   std::string checkpoint_root;             // empty: Save/LoadCheckpoint answer FAILED_PRECONDITION
   int64_t max_sessions = 16;
-  int64_t max_batch_tokens = 262144;       // batch * seq_len per request
-  int64_t max_message_bytes = 64 << 20;    // largest request accepted (RESOURCE_EXHAUSTED above it)
-  std::string log_level = "info";          // trace | debug | info | warn | error | off
-  double exit_timeout_seconds = 60.0;      // on SIGTERM: how long in-flight calls may take to finish
+  int64_t max_batch_tokens = 262144;              // batch * seq_len per request
+  int64_t max_message_bytes = 64 << 20;           // largest request accepted (RESOURCE_EXHAUSTED above it)
+  std::string log_level = "info";                 // trace | debug | info | warn | error | off
+  double exit_timeout_seconds = 60.0;             // on SIGTERM: how long in-flight calls may take to finish
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
 };
 
@@ -23,8 +23,7 @@ enum class ParseOutcome { kRun, kExitOk, kExitError };
 
 // Parses "--flag value" and "--flag=value". On --help prints HelpText() to stdout and returns
 // kExitOk; on a bad flag writes the reason to `error` and returns kExitError.
-ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOptions* options,
-                                std::string* error);
+ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOptions* options, std::string* error);
 
 std::string HelpText();
 

@@ -1,12 +1,12 @@
 #include "server/trainer_service.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
 #include <system_error>
-
-#include <spdlog/spdlog.h>
 
 #include "server/status_map.h"
 #include "server/validation.h"
@@ -16,13 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-grpc::Status Error(grpc::StatusCode code, const std::string& message) {
-  return grpc::Status(code, message);
-}
+grpc::Status Error(grpc::StatusCode code, const std::string& message) { return grpc::Status(code, message); }
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 void ToProto(const tigon::StepStats& stats, v1::StepResult* out) {
   out->set_step(stats.step);
@@ -80,8 +76,7 @@ grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx
   const char* code = GrpcCodeName(status.error_code());
   if (status.ok()) {
     spdlog::debug("{} OK in {:.4f} s", method, SecondsSince(start));
-  } else if (status.error_code() == grpc::StatusCode::INTERNAL ||
-             status.error_code() == grpc::StatusCode::UNKNOWN) {
+  } else if (status.error_code() == grpc::StatusCode::INTERNAL || status.error_code() == grpc::StatusCode::UNKNOWN) {
     spdlog::error("{} {}: {}", method, code, status.error_message());
   } else {
     spdlog::info("{} {}: {}", method, code, status.error_message());
@@ -106,8 +101,7 @@ std::shared_ptr<TrainerService::SessionEntry> TrainerService::Find(const std::st
 }
 
 grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string& session_id,
-                                     std::shared_ptr<SessionEntry>* entry,
-                                     std::unique_lock<std::timed_mutex>* lock) {
+                                     std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock) {
   grpc::Status status;
   *entry = Find(session_id, &status);
   if (*entry == nullptr) return status;
@@ -117,8 +111,8 @@ grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string
     step_lock.lock();  // no deadline (or one too far away to matter)
   } else if (!step_lock.try_lock_until(deadline)) {
     return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                 "the deadline passed while the call waited for the previous step of session '" +
-                     session_id + "'; nothing was applied");
+                 "the deadline passed while the call waited for the previous step of session '" + session_id +
+                     "'; nothing was applied");
   }
   if ((*entry)->closed) {
     return Error(grpc::StatusCode::NOT_FOUND, "session '" + session_id + "' was closed");
@@ -128,8 +122,7 @@ grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string
                  "the deadline passed before the step started; nothing was applied");
   }
   if (ctx->IsCancelled()) {
-    return Error(grpc::StatusCode::CANCELLED,
-                 "the call was cancelled before the step started; nothing was applied");
+    return Error(grpc::StatusCode::CANCELLED, "the call was cancelled before the step started; nothing was applied");
   }
   *lock = std::move(step_lock);
   return grpc::Status::OK;
@@ -214,7 +207,8 @@ grpc::Status TrainerService::ReserveSessionSlot() {
     return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
                  "server limit: " + std::to_string(in_use) +
                      " sessions are open or being created, the most this server allows "
-                     "(--max-sessions=" + std::to_string(config_.max_sessions) + "); close a session first");
+                     "(--max-sessions=" +
+                     std::to_string(config_.max_sessions) + "); close a session first");
   }
   ++sessions_being_created_;
   return grpc::Status::OK;
@@ -227,8 +221,7 @@ void TrainerService::ReleaseSessionSlot() {
 
 // ---- sessions -------------------------------------------------------------------------------------
 
-grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
-                                           const v1::CreateSessionRequest* request,
+grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
                                            v1::SessionInfo* response) {
   return Handle("CreateSession", ctx, [&]() -> grpc::Status {
     tigon::SessionOptions options;
@@ -239,8 +232,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
     if (!status.ok()) return status;
     ScopeExit release([this] { ReleaseSessionSlot(); });
     if (std::chrono::system_clock::now() >= ctx->deadline()) {
-      return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                   "the deadline passed before the session was created");
+      return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the session was created");
     }
     const auto start = Clock::now();
     std::unique_ptr<tigon::Session> session;
@@ -275,9 +267,8 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx,
       sessions_[entry->id] = entry;
     }
     if (metrics_ != nullptr) metrics_->SessionOpened(entry->id, entry->info);
-    spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id,
-                 entry->info.model_family, entry->info.precision, options.kernels,
-                 entry->info.parameter_count, SecondsSince(start));
+    spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id, entry->info.model_family,
+                 entry->info.precision, options.kernels, entry->info.parameter_count, SecondsSince(start));
     ToProto(*entry, response);
     return grpc::Status::OK;
   });
@@ -307,8 +298,7 @@ grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::Li
   });
 }
 
-grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx,
-                                          const v1::CloseSessionRequest* request,
+grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* request,
                                           v1::CloseSessionResponse*) {
   return Handle("CloseSession", ctx, [&]() -> grpc::Status {
     grpc::Status status;
@@ -332,16 +322,15 @@ grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx,
 
 // ---- steps ----------------------------------------------------------------------------------------
 
-grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx,
-                                             const v1::ForwardBackwardRequest* request,
+grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
                                              v1::StepResult* response) {
   return Handle("ForwardBackward", ctx, [&]() -> grpc::Status {
     grpc::Status status;
     auto found = Find(request->session_id(), &status);
     if (found == nullptr) return status;
     if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
-                                              config_.max_batch_tokens});
+    status =
+        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
     if (!status.ok()) return status;
     const tigon::Batch batch = ToEngineBatch(request->batch());
 
@@ -355,8 +344,8 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx,
     if (!engine_status.ok()) return FromEngine(engine_status, *entry);
     tigon::server::ToProto(stats, response);
     if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "ForwardBackward", stats);
-    spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss,
-                  stats.tokens, stats.accumulated_batches);
+    spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss, stats.tokens,
+                  stats.accumulated_batches);
     return grpc::Status::OK;
   });
 }
@@ -374,8 +363,7 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
     if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
       if (hit->method != "OptimStep") {
         return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request_id '" + request_id + "' was already used by a " + hit->method +
-                         " call on this session");
+                     "request_id '" + request_id + "' was already used by a " + hit->method + " call on this session");
       }
       *response = hit->result;
       response->set_replayed(true);
@@ -395,8 +383,8 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
     tigon::server::ToProto(stats, response);
     entry->request_cache.Insert(request_id, "OptimStep", *response);
     if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "OptimStep", stats);
-    spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry->id, stats.step,
-                  stats.grad_norm, stats.lr);
+    spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry->id, stats.step, stats.grad_norm,
+                  stats.lr);
     return grpc::Status::OK;
   });
 }
@@ -408,8 +396,8 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     auto found = Find(request->session_id(), &status);
     if (found == nullptr) return status;
     if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
-                                              config_.max_batch_tokens});
+    status =
+        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
     if (!status.ok()) return status;
     status = ValidateOptimizerSettings(request->optimizer());
     if (!status.ok()) return status;
@@ -423,23 +411,21 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
       if (hit->method != "TrainStep") {
         return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request_id '" + request_id + "' was already used by a " + hit->method +
-                         " call on this session");
+                     "request_id '" + request_id + "' was already used by a " + hit->method + " call on this session");
       }
       *response = hit->result;
       response->set_replayed(true);
       return grpc::Status::OK;
     }
     tigon::StepStats stats;
-    tigon::Status engine_status =
-        entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
+    tigon::Status engine_status = entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
     RefreshInfo(entry.get());
     if (!engine_status.ok()) return FromEngine(engine_status, *entry);
     tigon::server::ToProto(stats, response);
     entry->request_cache.Insert(request_id, "TrainStep", *response);
     if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "TrainStep", stats);
-    spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id,
-                  stats.step, stats.loss, stats.tokens, stats.tokens_per_second);
+    spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id, stats.step,
+                  stats.loss, stats.tokens, stats.tokens_per_second);
     return grpc::Status::OK;
   });
 }
@@ -451,8 +437,8 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
     auto found = Find(request->session_id(), &status);
     if (found == nullptr) return status;
     if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status = ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings,
-                                              config_.max_batch_tokens});
+    status =
+        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
     if (!status.ok()) return status;
     const tigon::Batch batch = ToEngineBatch(request->batch());
 
@@ -478,8 +464,7 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
 
 // ---- checkpoints ----------------------------------------------------------------------------------
 
-grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx,
-                                            const v1::SaveCheckpointRequest* request,
+grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
   return Handle("SaveCheckpoint", ctx, [&]() -> grpc::Status {
     std::string absolute, relative;
@@ -510,8 +495,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx,
   });
 }
 
-grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx,
-                                            const v1::LoadCheckpointRequest* request,
+grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::LoadCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
   return Handle("LoadCheckpoint", ctx, [&]() -> grpc::Status {
     std::string absolute, relative;
@@ -519,8 +503,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx,
     if (!status.ok()) return status;
     std::error_code ec;
     if (!std::filesystem::is_directory(absolute, ec)) {
-      return Error(grpc::StatusCode::NOT_FOUND,
-                   "no checkpoint '" + relative + "' under the server's checkpoint root");
+      return Error(grpc::StatusCode::NOT_FOUND, "no checkpoint '" + relative + "' under the server's checkpoint root");
     }
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
@@ -576,8 +559,7 @@ namespace tigon::server {
 
 // ---- memory savings -------------------------------------------------------------------------------
 
-grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx,
-                                            const v1::MeasureSavingsRequest* request,
+grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::MeasureSavingsRequest* request,
                                             v1::MeasureSavingsResponse* response) {
   return Handle("MeasureSavings", ctx, [&]() -> grpc::Status {
     grpc::Status status;
@@ -626,17 +608,15 @@ grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx,
       m->set_step_seconds(second.wall_seconds);
       m->set_tokens_per_second(second.tokens_per_second);
       if (metrics_ != nullptr) {
-        metrics_->RecordSavings(entry->id, entry->model_family, kernels, m->peak_allocated_bytes(),
-                                m->step_seconds());
+        metrics_->RecordSavings(entry->id, entry->model_family, kernels, m->peak_allocated_bytes(), m->step_seconds());
       }
     }
-    response->set_saved_bytes(response->reference().peak_allocated_bytes() -
-                              response->fused().peak_allocated_bytes());
+    response->set_saved_bytes(response->reference().peak_allocated_bytes() - response->fused().peak_allocated_bytes());
     if (response->fused().step_seconds() > 0) {
       response->set_speedup(response->reference().step_seconds() / response->fused().step_seconds());
     }
-    spdlog::info("session {} MeasureSavings {}x{}: saved {} bytes, speedup {:.3f}", entry->id,
-                 request->batch(), request->seq_len(), response->saved_bytes(), response->speedup());
+    spdlog::info("session {} MeasureSavings {}x{}: saved {} bytes, speedup {:.3f}", entry->id, request->batch(),
+                 request->seq_len(), response->saved_bytes(), response->speedup());
     return grpc::Status::OK;
   });
 }

@@ -5,6 +5,8 @@
 // they never wait for a running step.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -13,8 +15,6 @@
 #include <mutex>
 #include <random>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "server/auth.h"
 #include "server/checkpoint_paths.h"
@@ -35,8 +35,8 @@ struct ServiceConfig {
 
 class TrainerService final : public v1::Trainer::Service {
  public:
-  TrainerService(ServiceConfig config, EngineApi engine, TokenAuthenticator auth,
-                 CheckpointRoot checkpoints, Metrics* metrics /* may be null */);
+  TrainerService(ServiceConfig config, EngineApi engine, TokenAuthenticator auth, CheckpointRoot checkpoints,
+                 Metrics* metrics /* may be null */);
   ~TrainerService() override;
 
   grpc::Status CreateSession(grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
@@ -88,13 +88,12 @@ class TrainerService final : public v1::Trainer::Service {
     tigon::SessionInfo info;  // guarded by info_mu; refreshed after every engine call
   };
   // Runs `body` after the authorization check; turns exceptions into INTERNAL and records the call.
-  grpc::Status Handle(const char* method, grpc::ServerContext* ctx,
-                      const std::function<grpc::Status()>& body);
+  grpc::Status Handle(const char* method, grpc::ServerContext* ctx, const std::function<grpc::Status()>& body);
   std::shared_ptr<SessionEntry> Find(const std::string& session_id, grpc::Status* status) const;
   // Takes the session's step lock, giving up when the call's deadline passes first; then checks that
   // the session is still open and that the call is still wanted (not cancelled, deadline not passed).
-  grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id,
-                       std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock);
+  grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id, std::shared_ptr<SessionEntry>* entry,
+                       std::unique_lock<std::timed_mutex>* lock);
   void RefreshInfo(SessionEntry* entry);
   grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
   void ToProto(const SessionEntry& entry, v1::SessionInfo* out) const;

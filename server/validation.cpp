@@ -2,17 +2,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace tigon::server {
 namespace {
 
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-}
+grpc::Status Invalid(const std::string& message) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message); }
 
 // "input_ids[1][5]" for flat index 21 of a [batch, 16] batch.
 std::string Position(const char* field, int64_t index, int64_t seq_len) {
@@ -43,12 +40,10 @@ grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits
     return Invalid(out.str());
   }
   // Compared one factor at a time first so that the product cannot overflow.
-  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens ||
-      rows * seq_len > limits.max_batch_tokens) {
+  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens || rows * seq_len > limits.max_batch_tokens) {
     std::ostringstream out;
-    out << "server limit: the batch has " << rows << " x " << seq_len
-        << " tokens, more than the " << limits.max_batch_tokens
-        << " tokens per request this server accepts (--max-batch-tokens)";
+    out << "server limit: the batch has " << rows << " x " << seq_len << " tokens, more than the "
+        << limits.max_batch_tokens << " tokens per request this server accepts (--max-batch-tokens)";
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, out.str());
   }
   if (limits.max_position_embeddings > 0 && seq_len > limits.max_position_embeddings) {
@@ -68,8 +63,8 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
   auto check_size = [&](const char* field, int64_t size, bool optional) -> grpc::Status {
     if (size == tokens || (optional && size == 0)) return grpc::Status::OK;
     std::ostringstream out;
-    out << field << " has " << size << " values; batch * seq_len = " << rows << " * " << seq_len
-        << " = " << tokens << (optional ? " (or 0 for the default)" : "");
+    out << field << " has " << size << " values; batch * seq_len = " << rows << " * " << seq_len << " = " << tokens
+        << (optional ? " (or 0 for the default)" : "");
     return Invalid(out.str());
   };
   grpc::Status status = check_size("input_ids", batch.input_ids_size(), false);
@@ -84,8 +79,7 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
     const int32_t id = batch.input_ids(static_cast<int>(i));
     if (id < 0 || id >= vocab) {
       std::ostringstream out;
-      out << Position("input_ids", i, seq_len) << " = " << id << " is outside the vocabulary [0, "
-          << vocab << ")";
+      out << Position("input_ids", i, seq_len) << " = " << id << " is outside the vocabulary [0, " << vocab << ")";
       return Invalid(out.str());
     }
   }
@@ -95,8 +89,8 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
       const int32_t label = batch.labels(static_cast<int>(i));
       if (label != tigon::kIgnoreIndex && (label < 0 || label >= vocab)) {
         std::ostringstream out;
-        out << Position("labels", i, seq_len) << " = " << label << " is outside the vocabulary [0, "
-            << vocab << ") and is not the ignore index " << tigon::kIgnoreIndex;
+        out << Position("labels", i, seq_len) << " = " << label << " is outside the vocabulary [0, " << vocab
+            << ") and is not the ignore index " << tigon::kIgnoreIndex;
         return Invalid(out.str());
       }
     }
@@ -115,14 +109,15 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
   // The loss is a weighted mean over target positions: it needs at least one with a positive weight.
   double target_weight = 0.0;
   for (int64_t i = 0; i < tokens; ++i) {
-    const bool is_target = explicit_labels ? batch.labels(static_cast<int>(i)) != tigon::kIgnoreIndex
-                                           : (i % seq_len) != seq_len - 1;
+    const bool is_target =
+        explicit_labels ? batch.labels(static_cast<int>(i)) != tigon::kIgnoreIndex : (i % seq_len) != seq_len - 1;
     if (is_target) target_weight += weighted ? batch.loss_weights(static_cast<int>(i)) : 1.0;
   }
   if (target_weight <= 0.0) {
     if (!explicit_labels && seq_len < 2) {
-      return Invalid("the batch has no target tokens: with default labels (inputs shifted by one) "
-                     "seq_len must be at least 2");
+      return Invalid(
+          "the batch has no target tokens: with default labels (inputs shifted by one) "
+          "seq_len must be at least 2");
     }
     if (weighted) return Invalid("the batch has no target token with a positive loss weight");
     return Invalid("the batch has no target tokens: every label is -100");
@@ -141,8 +136,7 @@ tigon::Batch ToEngineBatch(const v1::Batch& batch) {
 }
 
 grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& s) {
-  auto check = [](bool present, double value, bool ok, const char* name,
-                  const char* rule) -> grpc::Status {
+  auto check = [](bool present, double value, bool ok, const char* name, const char* rule) -> grpc::Status {
     if (!present || (std::isfinite(value) && ok)) return grpc::Status::OK;
     std::ostringstream out;
     out << "optimizer " << name << " = " << value << " is invalid: it must be " << rule;
@@ -150,15 +144,11 @@ grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& s) {
   };
   grpc::Status st;
   if (!(st = check(s.has_lr(), s.lr(), s.lr() >= 0, "lr", "finite and >= 0")).ok()) return st;
-  if (!(st = check(s.has_beta1(), s.beta1(), s.beta1() >= 0 && s.beta1() < 1, "beta1",
-                   "in [0, 1)")).ok())
-    return st;
-  if (!(st = check(s.has_beta2(), s.beta2(), s.beta2() >= 0 && s.beta2() < 1, "beta2",
-                   "in [0, 1)")).ok())
-    return st;
+  if (!(st = check(s.has_beta1(), s.beta1(), s.beta1() >= 0 && s.beta1() < 1, "beta1", "in [0, 1)")).ok()) return st;
+  if (!(st = check(s.has_beta2(), s.beta2(), s.beta2() >= 0 && s.beta2() < 1, "beta2", "in [0, 1)")).ok()) return st;
   if (!(st = check(s.has_eps(), s.eps(), s.eps() > 0, "eps", "finite and > 0")).ok()) return st;
-  if (!(st = check(s.has_weight_decay(), s.weight_decay(), s.weight_decay() >= 0, "weight_decay",
-                   "finite and >= 0")).ok())
+  if (!(st = check(s.has_weight_decay(), s.weight_decay(), s.weight_decay() >= 0, "weight_decay", "finite and >= 0"))
+           .ok())
     return st;
   return check(s.has_max_grad_norm(), s.max_grad_norm(), s.max_grad_norm() >= 0, "max_grad_norm",
                "finite and >= 0 (0 disables clipping)");
@@ -176,8 +166,8 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& s) {
 }
 
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
-                                   const std::vector<std::string>& model_families,
-                                   int device_count, tigon::SessionOptions* options) {
+                                   const std::vector<std::string>& model_families, int device_count,
+                                   tigon::SessionOptions* options) {
   namespace fs = std::filesystem;
   switch (request.model_case()) {
     case v1::CreateSessionRequest::kConfigJson: {
@@ -194,8 +184,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
       bool supported = false;
       for (const auto& f : model_families) supported |= (f == family);
       if (!supported) {
-        return Invalid("model_type \"" + family + "\" is not supported; supported: " +
-                       Join(model_families));
+        return Invalid("model_type \"" + family + "\" is not supported; supported: " + Join(model_families));
       }
       options->config_json = request.config_json();
       break;
@@ -205,19 +194,18 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
       std::error_code ec;
       if (path.empty()) return Invalid("model_path is empty");
       if (!fs::is_directory(path, ec)) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            "model folder '" + path + "' does not exist on the server");
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "model folder '" + path + "' does not exist on the server");
       }
       if (!fs::is_regular_file(fs::path(path) / "config.json", ec)) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            "model folder '" + path + "' has no config.json");
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "model folder '" + path + "' has no config.json");
       }
       options->model_path = path;
       break;
     }
     case v1::CreateSessionRequest::MODEL_NOT_SET:
-      return Invalid("set the model: either config_json (a Hugging Face config with model_type) "
-                     "or model_path (a local Hugging Face folder)");
+      return Invalid(
+          "set the model: either config_json (a Hugging Face config with model_type) "
+          "or model_path (a local Hugging Face folder)");
   }
   options->precision = request.precision().empty() ? "bf16" : request.precision();
   if (!OneOf(options->precision, {"fp32", "bf16", "bf16_mixed"})) {
@@ -230,8 +218,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
   for (const auto& [op, choice] : request.kernel_overrides()) {
     if (op.empty()) return Invalid("kernel_overrides has an empty op name");
     if (!OneOf(choice, {"fused", "reference"})) {
-      return Invalid("kernel_overrides[\"" + op + "\"] = \"" + choice +
-                     "\" is not one of fused, reference");
+      return Invalid("kernel_overrides[\"" + op + "\"] = \"" + choice + "\" is not one of fused, reference");
     }
     options->kernel_overrides[op] = choice;
   }
@@ -254,8 +241,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
         out << "device " << device << " does not exist: this server has no CUDA devices (leave "
             << "devices empty to run on the CPU)";
       } else {
-        out << "device " << device << " does not exist: this server has CUDA devices 0.."
-            << device_count - 1;
+        out << "device " << device << " does not exist: this server has CUDA devices 0.." << device_count - 1;
       }
       return Invalid(out.str());
     }

@@ -2,11 +2,11 @@
 // to the engine's. Every refusal says which field was wrong and why.
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/status.h>
 
 #include "tigon/engine.h"
 #include "tigon/v1/trainer.pb.h"
@@ -37,7 +37,7 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& setting
 // Checks a CreateSessionRequest against the engine's model families and the device count, and
 // fills the engine's options. NOT_FOUND for a model folder that does not exist.
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
-                                   const std::vector<std::string>& model_families,
-                                   int device_count, tigon::SessionOptions* options);
+                                   const std::vector<std::string>& model_families, int device_count,
+                                   tigon::SessionOptions* options);
 
 }  // namespace tigon::server

@@ -1,9 +1,9 @@
 #include "server/auth.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 namespace tigon::server {
 namespace {
@@ -61,7 +61,10 @@ TEST(TokenAuthenticator, FileHoldsSeveralTokensCommentsAndBlankLines) {
 
 TEST(TokenAuthenticator, EmptyOrMissingFileIsAnError) {
   const std::string path = testing::TempDir() + "tigon_tokens_empty.txt";
-  { std::ofstream out(path); out << "# nothing\n\n"; }
+  {
+    std::ofstream out(path);
+    out << "# nothing\n\n";
+  }
   TokenAuthenticator auth;
   std::string error;
   EXPECT_FALSE(TokenAuthenticator::LoadFromFile(path, &auth, &error));

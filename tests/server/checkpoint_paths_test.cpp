@@ -1,8 +1,8 @@
 #include "server/checkpoint_paths.h"
 
-#include <filesystem>
-
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 namespace tigon::server {
 namespace {
@@ -47,7 +47,7 @@ TEST_F(CheckpointRootTest, RelativePathsResolveInsideTheRoot) {
 
 TEST_F(CheckpointRootTest, EscapesArePermissionDenied) {
   for (const std::string& path : std::vector<std::string>{"../outside", "a/../../outside", "..", "/etc/passwd",
-                                 (base_ / "outside").string(), "./../root2"}) {
+                                                          (base_ / "outside").string(), "./../root2"}) {
     EXPECT_EQ(Resolve(path).error_code(), grpc::StatusCode::PERMISSION_DENIED) << path;
   }
 }

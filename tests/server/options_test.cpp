@@ -23,9 +23,9 @@ TEST(ServerOptions, DefaultsWhenNoFlags) {
 TEST(ServerOptions, BothFlagSpellingsAreAccepted) {
   ServerOptions options;
   std::string error;
-  ASSERT_EQ(Parse({"--listen=0.0.0.0:0", "--max-sessions", "3", "--max-batch-tokens=4096",
-                   "--max-message-bytes", "2048", "--log-level=debug", "--exit-timeout", "2.5",
-                   "--auth-token-file=/tmp/t", "--checkpoint-root", "/tmp/c", "--metrics-listen=off"},
+  ASSERT_EQ(Parse({"--listen=0.0.0.0:0", "--max-sessions", "3", "--max-batch-tokens=4096", "--max-message-bytes",
+                   "2048", "--log-level=debug", "--exit-timeout", "2.5", "--auth-token-file=/tmp/t",
+                   "--checkpoint-root", "/tmp/c", "--metrics-listen=off"},
                   &options, &error),
             ParseOutcome::kRun)
       << error;
@@ -41,11 +41,18 @@ TEST(ServerOptions, BothFlagSpellingsAreAccepted) {
 }
 
 TEST(ServerOptions, BadValuesAreRefusedWithTheFlagName) {
-  const std::vector<std::vector<std::string>> bad = {
-      {"--listen=nohost"},     {"--listen=host:99999"},  {"--max-sessions=0"},
-      {"--max-sessions=abc"},  {"--max-batch-tokens=-5"}, {"--log-level=loud"},
-      {"--exit-timeout=-1"},   {"--max-message-bytes=10"}, {"--bogus=1"},
-      {"--listen"},            {"positional"},           {"--metrics-listen=x"}};
+  const std::vector<std::vector<std::string>> bad = {{"--listen=nohost"},
+                                                     {"--listen=host:99999"},
+                                                     {"--max-sessions=0"},
+                                                     {"--max-sessions=abc"},
+                                                     {"--max-batch-tokens=-5"},
+                                                     {"--log-level=loud"},
+                                                     {"--exit-timeout=-1"},
+                                                     {"--max-message-bytes=10"},
+                                                     {"--bogus=1"},
+                                                     {"--listen"},
+                                                     {"positional"},
+                                                     {"--metrics-listen=x"}};
   for (const auto& args : bad) {
     ServerOptions options;
     std::string error;
@@ -60,9 +67,8 @@ TEST(ServerOptions, BadValuesAreRefusedWithTheFlagName) {
 
 TEST(ServerOptions, HelpNamesEveryFlag) {
   const std::string help = HelpText();
-  for (const char* flag : {"--listen", "--auth-token-file", "--checkpoint-root", "--max-sessions",
-                           "--max-batch-tokens", "--max-message-bytes", "--log-level", "--exit-timeout",
-                           "--metrics-listen", "--help"}) {
+  for (const char* flag : {"--listen", "--auth-token-file", "--checkpoint-root", "--max-sessions", "--max-batch-tokens",
+                           "--max-message-bytes", "--log-level", "--exit-timeout", "--metrics-listen", "--help"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   ServerOptions options;

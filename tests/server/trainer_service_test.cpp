@@ -3,14 +3,14 @@
 // deadlines, auth, checkpoint paths, error mapping and metrics.
 #include "server/trainer_service.h"
 
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <stdexcept>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 namespace tigon::server {
 namespace {
@@ -172,8 +172,10 @@ class TrainerServiceTest : public testing::Test {
     v1::SessionInfo info;
     grpc::ClientContext ctx;
     grpc::Status s = stub_->CreateSession(&ctx, request, &info);
-    if (status != nullptr) *status = s;
-    else EXPECT_TRUE(s.ok()) << s.error_message();
+    if (status != nullptr)
+      *status = s;
+    else
+      EXPECT_TRUE(s.ok()) << s.error_message();
     return info.session_id();
   }
 

@@ -1,11 +1,11 @@
 #include "server/validation.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 namespace tigon::server {
 namespace {

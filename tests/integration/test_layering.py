@@ -1,0 +1,35 @@
+"""DESIGN.md's torch/no-torch split (DEVICE.md, trap 1): no server translation unit includes torch, models/
+or kernels/ headers or sees torch's include directories."""
+import glob
+import json
+import os
+import re
+
+from conftest import ROOT, server_binary
+
+
+def test_server_sources_include_only_the_engine_contract():
+    sources = glob.glob(os.path.join(ROOT, "server", "*.cpp")) + glob.glob(os.path.join(ROOT, "server", "*.h"))
+    assert sources
+    for path in sources:
+        with open(path) as f:
+            includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read(), re.M)
+        for header in includes:
+            assert not re.match(r"(torch|ATen|c10|caffe2|models|kernels|engine/src)/", header), (path, header)
+
+
+def test_server_compile_lines_have_no_torch_include_directories():
+    build_dir = os.path.dirname(os.path.dirname(server_binary()))
+    with open(os.path.join(build_dir, "compile_commands.json")) as f:
+        commands = json.load(f)
+    server_units = [c for c in commands if os.path.relpath(c["file"], ROOT).startswith(("server", "tests/server"))
+                    or "/server/gen/" in c["file"]]
+    assert len(server_units) >= 10
+    # The check itself catches torch: an engine unit has torch's include directory and its PCH.
+    engine = next(c for c in commands if c["file"].endswith("engine/src/session.cpp"))
+    engine_line = engine.get("command") or " ".join(engine["arguments"])
+    assert re.search(r"(-I|-isystem\s*)\S*torch", engine_line)
+    for unit in server_units:
+        line = unit.get("command") or " ".join(unit["arguments"])
+        assert not re.search(r"(-I|-isystem\s*)\S*(torch|ATen)", line), unit["file"]
+        assert "-include" not in line.split(), f"{unit['file']} uses a precompiled (torch) header"
