@@ -131,8 +131,6 @@ def test_deadline_passing_while_queued_applies_nothing(shared_server):
         assert slow.result(timeout=300).step == 1
         assert s.info().step == 1, "the call whose deadline passed was not applied"
         assert s.train_step([[1, 2, 3, 4]]).step == 2
-    with pytest.raises(tigon.DeadlineExceeded):
-        client.server_info(timeout=1e-6)
     assert_still_serving(client)
 
 
