@@ -1,6 +1,7 @@
 #include "atomic_dir.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <linux/fs.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -84,9 +85,14 @@ void PublishDirectory(const std::string& temp_dir, const std::string& final_dir)
   }
 }
 
+namespace {
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+}  // namespace
+
+// POSIX nftw rather than std::filesystem::remove_all: LibTorch 2.11's libtorch.so exports its own copy of
+// remove_all, which crashes (a call through a null pointer) when it wins symbol resolution.
 void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
+  ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace tigon::engine

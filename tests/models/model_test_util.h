@@ -1,6 +1,9 @@
 // Helpers shared by the model tests: fixture paths, temporary folders, relative error.
 #pragma once
 
+#include <ftw.h>
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -35,18 +38,23 @@ inline double RelativeError(const torch::Tensor& actual, const torch::Tensor& ex
 }
 
 // A fresh folder under the system temp dir, removed when the object goes away.
+// POSIX nftw rather than std::filesystem::remove_all: LibTorch 2.11's libtorch.so exports a copy of
+// remove_all that crashes (a call through a null pointer) when it wins symbol resolution, as it does in a
+// test binary that links torch directly.
+inline int RemoveTreeEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+inline void RemoveTree(const std::string& path) { ::nftw(path.c_str(), RemoveTreeEntry, 16, FTW_DEPTH | FTW_PHYS); }
+
 class TempDir {
  public:
   TempDir() {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /
             ("tigon_model_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
+    RemoveTree(path_.string());
     std::filesystem::create_directories(path_);
   }
   ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    RemoveTree(path_.string());
   }
   std::string path() const { return path_.string(); }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
