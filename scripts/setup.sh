@@ -8,7 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-yaml
+  prometheus                                     # promtool and a real Prometheus for the metrics tests
 )
 
 missing=()
