@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Sets up the machine, builds Tigon and trains a small byte-level model, showing the loss fall.
+# Sets up the machine, builds Tigon, starts tigon-server on a free loopback port and fine-tunes a small
+# byte-level model through the Python client, showing the loss fall. On a machine with a GPU the same run
+# is repeated with reference kernels and the two are compared. Extra arguments go to tigon.finetune.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 BUILD_DIR=${TIGON_BUILD_DIR:-build}
-"$BUILD_DIR/engine/tigon-train" --steps 150 --batch 8 --seq 64 --hidden 64 --layers 2 --lr 1e-2 "$@"
+PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 -m tigon.finetune \
+  --server-bin "$BUILD_DIR/server/tigon-server" --kernels auto --steps 150 "$@"
