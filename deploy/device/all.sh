@@ -20,8 +20,9 @@ for phase in $PHASES; do
   case $phase in
     build) run_phase build bash -c "bash deploy/device/build.sh -DTIGON_BUILD_TESTS=ON; ninja -C $TIGON_BUILD_DIR -k 0 -j \$(nproc) 2>&1 | grep -E 'error|FAILED' | head -40; ninja -C $TIGON_BUILD_DIR -n | grep -c . ";;
     gputest) run_phase gputest $TIGON_PYTHON -m pytest -q --timeout=300 tests/gpu ;;
+    gpuservice) run_phase gpuservice env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q --timeout=600 tests/integration/gpu ;;
     modeltest) run_phase modeltest $TIGON_BUILD_DIR/tests/tigon_model_tests ;;
-    maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs 32768 40960 --kernels fused --out "$LOGS/maxseq_llama8b.json" ;;
+    maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs ${TIGON_MAXSEQ:-32768 40960} --kernels fused --out "$LOGS/maxseq_llama8b.json" ;;
     enginetest) run_phase enginetest $TIGON_BUILD_DIR/tests/tigon_engine_tests ;;
     train) run_phase train $TIGON_BUILD_DIR/engine/tigon-train --steps 100 --batch 16 --seq 256 --hidden 256 --layers 4 --precision bf16_mixed ;;
     bench) for s in bench/bench_*.py; do n=$(basename $s .py); TAIL_LINES=25 run_phase $n $TIGON_PYTHON $s --out "$LOGS/$n.json"; done ;;
