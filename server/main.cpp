@@ -87,6 +87,7 @@ int Run(const ServerOptions& options) {
   config.max_batch_tokens = options.max_batch_tokens;
   config.max_message_bytes = options.max_message_bytes;
   config.version = TIGON_VERSION;
+  config.session_idle_timeout_seconds = options.session_idle_timeout_seconds;
   TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -88,6 +88,10 @@ const std::vector<Flag>& Flags() {
        "on SIGTERM/SIGINT, how long in-flight calls may take to finish before they are cancelled "
        "(default 60)",
        [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->exit_timeout_seconds); }},
+      {"session-idle-timeout", "SECONDS",
+       "close a session that has had no call for this long, freeing its memory when its client is gone "
+       "(default 0: never)",
+       [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->session_idle_timeout_seconds); }},
       {"metrics-listen", "HOST:PORT",
        "address of the Prometheus /metrics endpoint (default 127.0.0.1:9464; port 0 picks a free "
        "port; 'off' disables it)",

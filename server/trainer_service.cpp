@@ -56,9 +56,65 @@ TrainerService::TrainerService(ServiceConfig config, EngineApi engine, TokenAuth
       checkpoints_(std::move(checkpoints)),
       metrics_(metrics),
       started_(Clock::now()),
-      id_rng_(std::random_device{}()) {}
+      id_rng_(std::random_device{}()) {
+  if (config_.session_idle_timeout_seconds > 0) {
+    reaper_ = std::thread([this] {
+      // Checks a few times per timeout, at most every 5 s.
+      const auto period = std::chrono::duration<double>(std::min(5.0, config_.session_idle_timeout_seconds / 4));
+      std::unique_lock<std::mutex> lock(reaper_mu_);
+      while (!reaper_wake_.wait_for(lock, period, [this] { return stopping_; })) {
+        lock.unlock();
+        CloseIdleSessions();
+        lock.lock();
+      }
+    });
+  }
+}
 
-TrainerService::~TrainerService() { CloseAllSessions(); }
+TrainerService::~TrainerService() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    stopping_ = true;
+  }
+  reaper_wake_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  CloseAllSessions();
+}
+
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+int TrainerService::CloseIdleSessions() {
+  if (config_.session_idle_timeout_seconds <= 0) return 0;
+  const int64_t limit_ns = static_cast<int64_t>(config_.session_idle_timeout_seconds * 1e9);
+  std::vector<std::shared_ptr<SessionEntry>> candidates;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (const auto& [id, entry] : sessions_) {
+      if (NowNs() - entry->last_used_ns.load() > limit_ns) candidates.push_back(entry);
+    }
+  }
+  int closed = 0;
+  for (const auto& entry : candidates) {
+    std::unique_lock<std::timed_mutex> step_lock(entry->step_mu, std::try_to_lock);
+    if (!step_lock.owns_lock() || entry->closed) continue;           // in a step: not idle
+    if (NowNs() - entry->last_used_ns.load() <= limit_ns) continue;  // used meanwhile
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      sessions_.erase(entry->id);
+    }
+    entry->closed = true;
+    entry->session.reset();
+    if (metrics_ != nullptr) metrics_->SessionClosed(entry->id);
+    spdlog::info("session {} closed after {:.0f} s without a call (--session-idle-timeout)", entry->id,
+                 config_.session_idle_timeout_seconds);
+    ++closed;
+  }
+  return closed;
+}
 
 grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx,
                                     const std::function<grpc::Status()>& body) {
@@ -124,11 +180,13 @@ grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string
   if (ctx->IsCancelled()) {
     return Error(grpc::StatusCode::CANCELLED, "the call was cancelled before the step started; nothing was applied");
   }
+  (*entry)->last_used_ns = NowNs();
   *lock = std::move(step_lock);
   return grpc::Status::OK;
 }
 
 void TrainerService::RefreshInfo(SessionEntry* entry) {
+  entry->last_used_ns = NowNs();  // idle time counts from the end of the last call
   tigon::SessionInfo info = entry->session->Info();
   std::lock_guard<std::mutex> lock(entry->info_mu);
   entry->info = std::move(info);
@@ -261,6 +319,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     entry->max_position_embeddings = entry->info.max_position_embeddings;
     entry->model_family = entry->info.model_family;
     entry->options = options;
+    entry->last_used_ns = NowNs();
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
       entry->id = NewSessionId();
@@ -280,6 +339,7 @@ grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetS
     grpc::Status status;
     auto entry = Find(request->session_id(), &status);
     if (entry == nullptr) return status;
+    entry->last_used_ns = NowNs();
     ToProto(*entry, response);
     return grpc::Status::OK;
   });
@@ -450,6 +510,7 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
     tigon::ForwardResult result;
     tigon::Status engine_status = entry->session->Forward(batch, &result);
     const double seconds = SecondsSince(start);
+    entry->last_used_ns = NowNs();
     if (!engine_status.ok()) return FromEngine(engine_status, *entry);
     response->set_loss(result.loss);
     response->set_tokens(result.tokens);

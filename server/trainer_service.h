@@ -9,12 +9,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "server/auth.h"
 #include "server/checkpoint_paths.h"
@@ -31,6 +33,8 @@ struct ServiceConfig {
   int64_t max_batch_tokens = 262144;
   int64_t max_message_bytes = 64 << 20;
   std::string version;  // the server's own version
+  // Sessions without a call for this long are closed (their creator is presumed gone); 0 = never.
+  double session_idle_timeout_seconds = 0.0;
 };
 
 class TrainerService final : public v1::Trainer::Service {
@@ -70,6 +74,9 @@ class TrainerService final : public v1::Trainer::Service {
 
   // Closes every session (used at shutdown, after the server stopped taking calls).
   void CloseAllSessions();
+  // Closes the sessions idle for longer than the configured timeout, skipping any in a step; returns
+  // how many. Runs every few seconds on its own thread when the timeout is set.
+  int CloseIdleSessions();
   int64_t active_sessions() const;
 
  private:
@@ -82,7 +89,8 @@ class TrainerService final : public v1::Trainer::Service {
     int64_t vocab_size = 0;                   // fixed at creation
     int64_t max_position_embeddings = 0;
     std::string model_family;
-    tigon::SessionOptions options;  // as created (MeasureSavings builds temporary twins from it)
+    tigon::SessionOptions options;         // as created (MeasureSavings builds temporary twins from it)
+    std::atomic<int64_t> last_used_ns{0};  // steady clock, at the last call on this session
 
     mutable std::mutex info_mu;
     tigon::SessionInfo info;  // guarded by info_mu; refreshed after every engine call
@@ -111,6 +119,11 @@ class TrainerService final : public v1::Trainer::Service {
   int64_t sessions_being_created_ = 0;                             // guarded by sessions_mu_
   std::mt19937_64 id_rng_;                                         // guarded by sessions_mu_
   std::mutex measure_mu_;  // one MeasureSavings at a time, so that measurements do not overlap
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_wake_;
+  bool stopping_ = false;  // guarded by reaper_mu_
+  std::thread reaper_;     // closes idle sessions when session_idle_timeout_seconds > 0
 };
 
 }  // namespace tigon::server

@@ -25,7 +25,7 @@ TEST(ServerOptions, BothFlagSpellingsAreAccepted) {
   std::string error;
   ASSERT_EQ(Parse({"--listen=0.0.0.0:0", "--max-sessions", "3", "--max-batch-tokens=4096", "--max-message-bytes",
                    "2048", "--log-level=debug", "--exit-timeout", "2.5", "--auth-token-file=/tmp/t",
-                   "--checkpoint-root", "/tmp/c", "--metrics-listen=off"},
+                   "--checkpoint-root", "/tmp/c", "--metrics-listen=off", "--session-idle-timeout=600"},
                   &options, &error),
             ParseOutcome::kRun)
       << error;
@@ -38,6 +38,7 @@ TEST(ServerOptions, BothFlagSpellingsAreAccepted) {
   EXPECT_EQ(options.auth_token_file, "/tmp/t");
   EXPECT_EQ(options.checkpoint_root, "/tmp/c");
   EXPECT_TRUE(options.metrics_listen.empty());
+  EXPECT_DOUBLE_EQ(options.session_idle_timeout_seconds, 600);
 }
 
 TEST(ServerOptions, BadValuesAreRefusedWithTheFlagName) {
@@ -68,7 +69,8 @@ TEST(ServerOptions, BadValuesAreRefusedWithTheFlagName) {
 TEST(ServerOptions, HelpNamesEveryFlag) {
   const std::string help = HelpText();
   for (const char* flag : {"--listen", "--auth-token-file", "--checkpoint-root", "--max-sessions", "--max-batch-tokens",
-                           "--max-message-bytes", "--log-level", "--exit-timeout", "--metrics-listen", "--help"}) {
+                           "--max-message-bytes", "--log-level", "--exit-timeout", "--metrics-listen",
+                           "--session-idle-timeout", "--help"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   ServerOptions options;

@@ -270,6 +270,36 @@ TEST_F(TrainerServiceTest, ASessionWhoseCallerLeftDuringCreationIsDropped) {
   EXPECT_FALSE(Create().empty()) << "the dropped session does not hold the only place";
 }
 
+TEST_F(TrainerServiceTest, IdleSessionsAreClosedBusyAndRecentlyUsedOnesAreNot) {
+  ServiceConfig config;
+  config.session_idle_timeout_seconds = 0.6;  // the reaper thread checks every 0.15 s
+  Start(config);
+  const std::string idle = Create(), used = Create(), busy = Create();
+  engine_.step_sleep_ms = 1000;
+  std::thread step([&] {
+    v1::StepResult result;
+    EXPECT_TRUE(Train(busy, &result).ok());
+  });
+  for (int i = 0; i < 10; ++i) {  // 1 s of regular calls on `used` while `busy` is in its step
+    std::this_thread::sleep_for(100ms);
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest request;
+    request.set_session_id(used);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->GetSession(&ctx, request, &info).ok());
+  }
+  step.join();
+  engine_.step_sleep_ms = 0;
+  v1::StepResult result;
+  EXPECT_EQ(Train(idle, &result).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Train(used, &result).ok());
+  EXPECT_TRUE(Train(busy, &result).ok()) << "idle time counts from the end of the step";
+  std::this_thread::sleep_for(1500ms);  // then both go idle and are closed
+  EXPECT_EQ(service_->active_sessions(), 0);
+  EXPECT_EQ(service_->CloseIdleSessions(), 0);
+  EXPECT_NE(metrics_.Render().find("tigon_active_sessions 0"), std::string::npos);
+}
+
 TEST_F(TrainerServiceTest, SessionLimitIsResourceExhaustedUntilOneCloses) {
   ServiceConfig config;
   config.max_sessions = 2;
