@@ -113,12 +113,16 @@ int Run(const ServerOptions& options) {
   std::string metrics_address;
   if (!options.metrics_listen.empty()) {
     int metrics_port = 0;
-    if (!metrics_endpoint.Start(options.metrics_listen, &metrics_port, &error)) {
+    if (metrics_endpoint.Start(options.metrics_listen, &metrics_port, &error)) {
+      metrics_address = HostOf(options.metrics_listen) + ":" + std::to_string(metrics_port);
+    } else if (options.metrics_listen_given) {
       spdlog::critical("{}", error);
       server->Shutdown();
       return 2;
+    } else {
+      // Another server on this machine holds the default port: serve training without metrics.
+      spdlog::warn("{} (the default --metrics-listen); running without metrics", error);
     }
-    metrics_address = HostOf(options.metrics_listen) + ":" + std::to_string(metrics_port);
   }
 
   server->GetHealthCheckService()->SetServingStatus(true);

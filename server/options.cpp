@@ -93,14 +93,16 @@ const std::vector<Flag>& Flags() {
        "(default 0: never)",
        [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->session_idle_timeout_seconds); }},
       {"metrics-listen", "HOST:PORT",
-       "address of the Prometheus /metrics endpoint (default 127.0.0.1:9464; port 0 picks a free "
-       "port; 'off' disables it)",
+       "address of the Prometheus /metrics endpoint (default 127.0.0.1:9464, skipped with a warning "
+       "when taken; port 0 picks a free port; 'off' disables it)",
        [](const std::string& v, ServerOptions* o) {
          if (v == "off") {
            o->metrics_listen.clear();
+           o->metrics_listen_given = true;
            return true;
          }
          o->metrics_listen = v;
+         o->metrics_listen_given = true;
          return ValidListenAddress(v);
        }},
   };

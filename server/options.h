@@ -18,6 +18,7 @@ struct ServerOptions {
   double exit_timeout_seconds = 60.0;             // on SIGTERM: how long in-flight calls may take to finish
   double session_idle_timeout_seconds = 0;        // close sessions without a call for this long; 0 = never
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
+  bool metrics_listen_given = false;              // the default address may be taken (then: no metrics, a warning)
 };
 
 enum class ParseOutcome { kRun, kExitOk, kExitError };

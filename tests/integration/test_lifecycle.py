@@ -154,3 +154,28 @@ def test_a_port_in_use_is_refused_at_start(shared_server):
     out = subprocess.run([server_binary(), "--listen=127.0.0.1:0", f"--metrics-listen=127.0.0.1:{metrics_port}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "cannot listen for metrics" in out.stderr
+
+
+def test_a_taken_default_metrics_port_does_not_stop_the_server(tmp_path):
+    import socket
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", 9464))
+        holder.listen()
+    except OSError:
+        pass  # something else already holds the default port: the same situation
+    try:
+        log = open(tmp_path / "server.log", "wb")
+        proc = subprocess.Popen([server_binary(), "--listen=127.0.0.1:0"], stdout=subprocess.PIPE, stderr=log,
+                                text=True)
+        line = proc.stdout.readline()
+        assert line.startswith("tigon-server listening on "), line
+        address = line.split()[-1]
+        assert tigon.connect(address).server_info().version
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        log.close()
+        assert "running without metrics" in (tmp_path / "server.log").read_text()
+    finally:
+        holder.close()
