@@ -168,3 +168,33 @@ def test_loading_a_checkpoint_of_another_model_is_refused_without_harm(shared_se
         assert session.info().step == 1
         assert session.forward([[5, 6, 7, 8]]).loss == before, "a refused load changes nothing"
         assert session.train_step([[1, 2, 3, 4]]).step == 2
+
+
+def test_retries_ride_out_a_server_that_is_not_up_yet():
+    import socket
+    import subprocess
+    import time
+    from conftest import server_binary
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = []
+
+    def start_late():
+        time.sleep(0.5)
+        started.append(subprocess.Popen([server_binary(), f"--listen=127.0.0.1:{port}", "--metrics-listen=off"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    thread = threading.Thread(target=start_late)
+    thread.start()
+    try:
+        with pytest.raises(tigon.Unavailable):
+            tigon.connect(f"127.0.0.1:{port}").server_info()  # no retries: fails at once
+        start = time.time()
+        info = tigon.connect(f"127.0.0.1:{port}", retries=6).server_info()  # UNAVAILABLE, retried with backoff
+        assert info.version and time.time() - start < 30
+    finally:
+        thread.join()
+        for proc in started:
+            proc.terminate()
+            proc.wait(30)
