@@ -96,8 +96,12 @@ class Client:
         self._retries = retries
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         # The server enforces its own --max-message-bytes; the client does not add a smaller limit.
+        # Reconnect quickly after a refused connection: gRPC's default backoff (1 s, growing to 120 s) would
+        # keep failing calls fast long after a restarting server is back, defeating `retries`.
         self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
         self._stub = pb_grpc.TrainerStub(self._channel)
 
     # ---- plumbing ----
