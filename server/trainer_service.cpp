@@ -382,17 +382,24 @@ grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::Cl
 
 // ---- steps ----------------------------------------------------------------------------------------
 
+grpc::Status TrainerService::PrepareBatch(const std::string& session_id, bool has_batch, const v1::Batch& batch,
+                                          tigon::Batch* out) const {
+  grpc::Status status;
+  auto found = Find(session_id, &status);
+  if (found == nullptr) return status;
+  if (!has_batch) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
+  status = ValidateBatch(batch, {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
+  if (!status.ok()) return status;
+  *out = ToEngineBatch(batch);
+  return grpc::Status::OK;
+}
+
 grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
                                              v1::StepResult* response) {
   return Handle("ForwardBackward", ctx, [&]() -> grpc::Status {
-    grpc::Status status;
-    auto found = Find(request->session_id(), &status);
-    if (found == nullptr) return status;
-    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status =
-        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
+    tigon::Batch batch;
+    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
-    const tigon::Batch batch = ToEngineBatch(request->batch());
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
@@ -452,16 +459,11 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* request,
                                        v1::StepResult* response) {
   return Handle("TrainStep", ctx, [&]() -> grpc::Status {
-    grpc::Status status;
-    auto found = Find(request->session_id(), &status);
-    if (found == nullptr) return status;
-    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status =
-        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
+    tigon::Batch batch;
+    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
     status = ValidateOptimizerSettings(request->optimizer());
     if (!status.ok()) return status;
-    const tigon::Batch batch = ToEngineBatch(request->batch());
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
@@ -493,14 +495,9 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
 grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::ForwardRequest* request,
                                      v1::ForwardResponse* response) {
   return Handle("Forward", ctx, [&]() -> grpc::Status {
-    grpc::Status status;
-    auto found = Find(request->session_id(), &status);
-    if (found == nullptr) return status;
-    if (!request->has_batch()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-    status =
-        ValidateBatch(request->batch(), {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
+    tigon::Batch batch;
+    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
-    const tigon::Batch batch = ToEngineBatch(request->batch());
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;

@@ -98,6 +98,9 @@ class TrainerService final : public v1::Trainer::Service {
   // Runs `body` after the authorization check; turns exceptions into INTERNAL and records the call.
   grpc::Status Handle(const char* method, grpc::ServerContext* ctx, const std::function<grpc::Status()>& body);
   std::shared_ptr<SessionEntry> Find(const std::string& session_id, grpc::Status* status) const;
+  // Before any lock: the session exists, the request has a batch that is valid for its model; converted.
+  grpc::Status PrepareBatch(const std::string& session_id, bool has_batch, const v1::Batch& batch,
+                            tigon::Batch* out) const;
   // Takes the session's step lock, giving up when the call's deadline passes first; then checks that
   // the session is still open and that the call is still wanted (not cancelled, deadline not passed).
   grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id, std::shared_ptr<SessionEntry>* entry,

@@ -191,9 +191,9 @@ def test_retries_ride_out_a_server_that_is_not_up_yet():
         with pytest.raises(tigon.Unavailable):
             tigon.connect(f"127.0.0.1:{port}").server_info()  # no retries: fails at once
         start = time.time()
-        # UNAVAILABLE, retried with backoff (0.1 s doubling to 2 s: about 13 s over 10 retries, room for a
-        # server that starts slowly on a loaded machine).
-        info = tigon.connect(f"127.0.0.1:{port}", retries=10).server_info()
+        # UNAVAILABLE, retried after waiting for the channel to connect (windows of 0.2 s doubling to 5 s:
+        # about 20 s over 8 retries, room for a server that starts slowly on a loaded machine).
+        info = tigon.connect(f"127.0.0.1:{port}", retries=8).server_info()
         assert info.version and time.time() - start < 30
     finally:
         thread.join()

@@ -117,7 +117,12 @@ class Client:
                 return convert(rpc(request, timeout=self._deadline(timeout), metadata=self._metadata))
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
-                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                    # Wait (a growing window) for the channel to connect rather than sleeping blind: the
+                    # request is sent again only once, right after the server is reachable or the window ends.
+                    try:
+                        grpc.channel_ready_future(self._channel).result(timeout=min(0.2 * 2 ** attempt, 5.0))
+                    except grpc.FutureTimeoutError:
+                        pass
                     continue
                 raise from_rpc_error(error) from None
 
