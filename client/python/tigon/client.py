@@ -1,7 +1,6 @@
 """The client: `connect` -> `Client` -> `Session`; every call also exists as `*_async` returning a Future."""
 import json
 import os
-import time
 import uuid
 
 import grpc
