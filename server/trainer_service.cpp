@@ -394,6 +394,32 @@ grpc::Status TrainerService::PrepareBatch(const std::string& session_id, bool ha
   return grpc::Status::OK;
 }
 
+bool TrainerService::Replay(SessionEntry& entry, const std::string& request_id, const char* method,
+                            v1::StepResult* response, grpc::Status* status) const {
+  const RequestCache::Entry* hit = entry.request_cache.Find(request_id);
+  if (hit == nullptr) return false;
+  if (hit->method != method) {
+    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id '" + request_id + "' was already used by a " +
+                                                            hit->method + " call on this session");
+  } else {
+    *response = hit->result;
+    response->set_replayed(true);
+    *status = grpc::Status::OK;
+  }
+  return true;
+}
+
+grpc::Status TrainerService::FinishStep(SessionEntry* entry, const char* method, const tigon::Status& engine_status,
+                                        const tigon::StepStats& stats, const std::string* request_id,
+                                        v1::StepResult* response) {
+  RefreshInfo(entry);
+  if (!engine_status.ok()) return FromEngine(engine_status, *entry);
+  tigon::server::ToProto(stats, response);
+  if (request_id != nullptr) entry->request_cache.Insert(*request_id, method, *response);
+  if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, method, stats);
+  return grpc::Status::OK;
+}
+
 grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
                                              v1::StepResult* response) {
   return Handle("ForwardBackward", ctx, [&]() -> grpc::Status {
@@ -407,10 +433,8 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
     if (!status.ok()) return status;
     tigon::StepStats stats;
     tigon::Status engine_status = entry->session->ForwardBackward(batch, &stats);
-    RefreshInfo(entry.get());
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    tigon::server::ToProto(stats, response);
-    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "ForwardBackward", stats);
+    status = FinishStep(entry.get(), "ForwardBackward", engine_status, stats, nullptr, response);
+    if (!status.ok()) return status;
     spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss, stats.tokens,
                   stats.accumulated_batches);
     return grpc::Status::OK;
@@ -427,15 +451,7 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
     status = Acquire(ctx, request->session_id(), &entry, &lock);
     if (!status.ok()) return status;
     const std::string& request_id = request->request_id();
-    if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
-      if (hit->method != "OptimStep") {
-        return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request_id '" + request_id + "' was already used by a " + hit->method + " call on this session");
-      }
-      *response = hit->result;
-      response->set_replayed(true);
-      return grpc::Status::OK;
-    }
+    if (Replay(*entry, request_id, "OptimStep", response, &status)) return status;
     {
       std::lock_guard<std::mutex> info_lock(entry->info_mu);
       if (entry->info.accumulated_batches == 0) {
@@ -445,11 +461,8 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
     }
     tigon::StepStats stats;
     tigon::Status engine_status = entry->session->OptimStep(ToEngineOverrides(request->optimizer()), &stats);
-    RefreshInfo(entry.get());
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    tigon::server::ToProto(stats, response);
-    entry->request_cache.Insert(request_id, "OptimStep", *response);
-    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "OptimStep", stats);
+    status = FinishStep(entry.get(), "OptimStep", engine_status, stats, &request_id, response);
+    if (!status.ok()) return status;
     spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry->id, stats.step, stats.grad_norm,
                   stats.lr);
     return grpc::Status::OK;
@@ -470,22 +483,11 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     status = Acquire(ctx, request->session_id(), &entry, &lock);
     if (!status.ok()) return status;
     const std::string& request_id = request->request_id();
-    if (const RequestCache::Entry* hit = entry->request_cache.Find(request_id)) {
-      if (hit->method != "TrainStep") {
-        return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request_id '" + request_id + "' was already used by a " + hit->method + " call on this session");
-      }
-      *response = hit->result;
-      response->set_replayed(true);
-      return grpc::Status::OK;
-    }
+    if (Replay(*entry, request_id, "TrainStep", response, &status)) return status;
     tigon::StepStats stats;
     tigon::Status engine_status = entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
-    RefreshInfo(entry.get());
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    tigon::server::ToProto(stats, response);
-    entry->request_cache.Insert(request_id, "TrainStep", *response);
-    if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, "TrainStep", stats);
+    status = FinishStep(entry.get(), "TrainStep", engine_status, stats, &request_id, response);
+    if (!status.ok()) return status;
     spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id, stats.step,
                   stats.loss, stats.tokens, stats.tokens_per_second);
     return grpc::Status::OK;

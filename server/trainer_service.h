@@ -98,6 +98,14 @@ class TrainerService final : public v1::Trainer::Service {
   // Runs `body` after the authorization check; turns exceptions into INTERNAL and records the call.
   grpc::Status Handle(const char* method, grpc::ServerContext* ctx, const std::function<grpc::Status()>& body);
   std::shared_ptr<SessionEntry> Find(const std::string& session_id, grpc::Status* status) const;
+  // A request_id seen before on this session: sets `status` (the first result, replayed, or
+  // INVALID_ARGUMENT when the id was used by another method) and returns true.
+  bool Replay(SessionEntry& entry, const std::string& request_id, const char* method, v1::StepResult* response,
+              grpc::Status* status) const;
+  // After an engine step: refreshes the session info, maps a failure, or fills the response, remembers it
+  // under `request_id` (when given) and records the step's metrics.
+  grpc::Status FinishStep(SessionEntry* entry, const char* method, const tigon::Status& engine_status,
+                          const tigon::StepStats& stats, const std::string* request_id, v1::StepResult* response);
   // Before any lock: the session exists, the request has a batch that is valid for its model; converted.
   grpc::Status PrepareBatch(const std::string& session_id, bool has_batch, const v1::Batch& batch,
                             tigon::Batch* out) const;
