@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <ATen/Parallel.h>
+
 #include "kernels/ops/ops.h"
 #include "kernels/reference/reference.h"
 #include "kernels/torch_compat.h"
@@ -99,20 +101,44 @@ const torch::Tensor& DecoderModel::param(const std::string& name) const {
   return params_[it->second].tensor;
 }
 
+namespace {
+
+// splitmix64: decorrelates the per-chunk generator seeds derived from (seed, parameter, chunk).
+uint64_t MixSeed(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
 void DecoderModel::InitRandom(uint64_t seed, double initializer_range) {
-  // Drawn on the CPU in fp32 in parameter order, then copied: every device and dtype gets the same weights.
+  // Drawn on the CPU in fp32, then copied: every device and dtype gets the same weights. Each chunk of
+  // 2^20 values has its own generator seeded from (seed, parameter, chunk), so the chunks are drawn in
+  // parallel (an 8B model in seconds instead of most of a minute) and the values do not depend on the
+  // number of threads.
   torch::NoGradGuard no_grad;
-  auto generator = compat::cpu_generator(seed);
+  constexpr int64_t kChunk = int64_t{1} << 20;
   const double norm_identity = config_.family == "gemma" ? 0.0 : 1.0;  // Gemma scales by (1 + weight)
-  for (auto& [name, tensor] : params_) {
+  for (size_t index = 0; index < params_.size(); ++index) {
+    auto& [name, tensor] = params_[index];
     if (IsNormWeight(name)) {
       tensor.fill_(norm_identity);
     } else if (EndsWith(name, ".bias")) {
       tensor.zero_();
     } else {
-      torch::Tensor values = torch::empty(tensor.sizes(), torch::kFloat32);
-      values.normal_(0.0, initializer_range, generator);
-      tensor.copy_(values);
+      torch::Tensor values = torch::empty({tensor.numel()}, torch::kFloat32);
+      const int64_t chunks = (tensor.numel() + kChunk - 1) / kChunk;
+      const uint64_t param_seed = MixSeed(seed ^ MixSeed(index + 1));
+      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t chunk = begin; chunk < end; ++chunk) {
+          auto generator = compat::cpu_generator(MixSeed(param_seed + static_cast<uint64_t>(chunk)));
+          const int64_t start = chunk * kChunk;
+          values.narrow(0, start, std::min(kChunk, tensor.numel() - start)).normal_(0.0, initializer_range, generator);
+        }
+      });
+      tensor.copy_(values.view(tensor.sizes()));
     }
   }
 }

@@ -1,5 +1,6 @@
 // Loading Hugging Face folders (single file and sharded), saving, random initialisation, config parsing,
 // and the errors bad folders, configs and batches must produce.
+#include <cmath>
 #include <filesystem>
 
 #include "models/rotary.h"
@@ -139,8 +140,10 @@ TEST(Loading, RandomInitIsDeterministicAndHuggingFaceLike) {
       } else if (Contains(name, ".bias")) {
         EXPECT_TRUE(torch::all(tensor == 0).item<bool>()) << name;
       } else {
-        EXPECT_NEAR(tensor.std().item<double>(), range, 0.1 * range) << name;
-        EXPECT_NEAR(tensor.mean().item<double>(), 0.0, 0.1 * range) << name;
+        // Five standard errors of the sample mean (range / sqrt(n)) and of the sample std (range / sqrt(2n)).
+        const double n = static_cast<double>(tensor.numel());
+        EXPECT_NEAR(tensor.std().item<double>(), range, 5 * range / std::sqrt(2 * n)) << name;
+        EXPECT_NEAR(tensor.mean().item<double>(), 0.0, 5 * range / std::sqrt(n)) << name;
       }
     }
   }
