@@ -23,6 +23,11 @@ for phase in $PHASES; do
     gpuservice) run_phase gpuservice env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q --timeout=600 tests/integration/gpu ;;
     modeltest) run_phase modeltest $TIGON_BUILD_DIR/tests/tigon_model_tests ;;
     maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs ${TIGON_MAXSEQ:-32768 40960} --kernels fused --out "$LOGS/maxseq_llama8b.json" ;;
+    profile) for spec in ${TIGON_PROFILE_MODELS:-llama3-8b:8:1024 llama3.2-1b:8:2048}; do
+        IFS=: read -r model b t <<< "$spec"
+        $TIGON_PYTHON -c "import json,sys; sys.path.insert(0,'bench'); from model_configs import MODELS; print(json.dumps(dict(MODELS['$model'], model_type='llama')))" > "$LOGS/$model.json"
+        TAIL_LINES=45 run_phase profile_$model bash -c "$TIGON_BUILD_DIR/bench/tigon-profile-step --config $LOGS/$model.json --batch $b --seq $t --trace $LOGS/trace_$model.json ${TIGON_PROFILE_ARGS:-} && $TIGON_PYTHON bench/analyze_trace.py $LOGS/trace_$model.json --steps 2 && gzip -f $LOGS/trace_$model.json"
+      done ;;
     enginetest) run_phase enginetest $TIGON_BUILD_DIR/tests/tigon_engine_tests ;;
     train) run_phase train $TIGON_BUILD_DIR/engine/tigon-train --steps 100 --batch 16 --seq 256 --hidden 256 --layers 4 --precision bf16_mixed ;;
     bench) for s in bench/bench_*.py; do n=$(basename $s .py); TAIL_LINES=25 run_phase $n $TIGON_PYTHON $s --out "$LOGS/$n.json"; done ;;
