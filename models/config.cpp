@@ -77,9 +77,19 @@ std::string Join(const std::vector<std::string>& items) {
   return out;
 }
 
-void RequirePositive(int64_t value, const char* key) {
+// Sizes are capped so that products of two of them stay inside int64 and nothing sized by a config
+// value (one entry per layer) can be a huge allocation: token ids travel as int32 anyway, and no model
+// has anywhere near 2^16 layers.
+constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+
+void RequirePositive(int64_t value, const char* key, int64_t max_value = kMaxSize) {
   if (value <= 0) {
     throw ModelError("config: field '" + std::string(key) + "' must be positive, got " + std::to_string(value));
+  }
+  if (value > max_value) {
+    throw ModelError("config: field '" + std::string(key) + "' = " + std::to_string(value) + " is larger than " +
+                     std::to_string(max_value));
   }
 }
 
@@ -162,7 +172,8 @@ void ParseSlidingWindow(const nlohmann::json& json, ModelConfig& config) {
         if (types[i] == "sliding_attention") config.sliding_window[i] = window;
       }
     } else {
-      const int64_t first = IntOr(json, "max_window_layers", 28);
+      // Layers from max_window_layers on slide; a negative value means all of them.
+      const int64_t first = std::max<int64_t>(IntOr(json, "max_window_layers", 28), 0);
       for (int64_t i = first; i < config.num_hidden_layers; ++i) config.sliding_window[i] = window;
     }
   }
@@ -196,7 +207,7 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   RequirePositive(config.vocab_size, "vocab_size");
   RequirePositive(config.hidden_size, "hidden_size");
   RequirePositive(config.intermediate_size, "intermediate_size");
-  RequirePositive(config.num_hidden_layers, "num_hidden_layers");
+  RequirePositive(config.num_hidden_layers, "num_hidden_layers", kMaxLayers);
   RequirePositive(config.num_attention_heads, "num_attention_heads");
   config.num_key_value_heads = IntOr(json, "num_key_value_heads", config.num_attention_heads);
   RequirePositive(config.num_key_value_heads, "num_key_value_heads");

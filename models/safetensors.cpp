@@ -80,18 +80,58 @@ uint64_t ReadU64(const nlohmann::json& value, const std::string& what, const std
   return value.get<uint64_t>();
 }
 
-Header ParseHeader(const std::string& path, std::ifstream& file) {
-  file.seekg(0, std::ios::end);
-  const std::streamoff file_size_signed = file.tellg();
-  if (file_size_signed < 0) throw ModelError(path + ": cannot determine the file size");
-  const uint64_t file_size = static_cast<uint64_t>(file_size_signed);
+// Where the bytes come from: a file or a buffer in memory. Read returns false when it could not read
+// all `n` bytes at `offset`.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual uint64_t Size() = 0;
+  virtual bool Read(uint64_t offset, void* out, uint64_t n) = 0;
+};
+
+class FileSource final : public ByteSource {
+ public:
+  FileSource(const std::string& path, std::ifstream& file) : path_(path), file_(file) {}
+  uint64_t Size() override {
+    file_.seekg(0, std::ios::end);
+    const std::streamoff size = file_.tellg();
+    if (size < 0) throw ModelError(path_ + ": cannot determine the file size");
+    return static_cast<uint64_t>(size);
+  }
+  bool Read(uint64_t offset, void* out, uint64_t n) override {
+    file_.seekg(static_cast<std::streamoff>(offset));
+    file_.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+    return static_cast<bool>(file_);
+  }
+
+ private:
+  const std::string& path_;
+  std::ifstream& file_;
+};
+
+class MemorySource final : public ByteSource {
+ public:
+  MemorySource(const void* data, size_t size) : data_(static_cast<const char*>(data)), size_(size) {}
+  uint64_t Size() override { return size_; }
+  bool Read(uint64_t offset, void* out, uint64_t n) override {
+    if (offset > size_ || n > size_ - offset) return false;
+    if (n > 0) std::memcpy(out, data_ + offset, n);
+    return true;
+  }
+
+ private:
+  const char* data_;
+  uint64_t size_;
+};
+
+Header ParseHeader(const std::string& path, ByteSource& source) {
+  const uint64_t file_size = source.Size();
   if (file_size < 8) {
     throw ModelError(path + ": truncated file (" + std::to_string(file_size) +
                      " bytes, less than the 8-byte header length)");
   }
-  file.seekg(0);
   unsigned char length_bytes[8];
-  file.read(reinterpret_cast<char*>(length_bytes), 8);
+  if (!source.Read(0, length_bytes, 8)) throw ModelError(path + ": could not read the 8-byte header length");
   uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];  // little-endian
   if (header_length > file_size - 8) {
@@ -102,8 +142,9 @@ Header ParseHeader(const std::string& path, std::ifstream& file) {
     throw ModelError(path + ": header length " + std::to_string(header_length) + " exceeds the 100 MB limit");
   }
   std::string text(header_length, '\0');
-  file.read(text.data(), static_cast<std::streamsize>(header_length));
-  if (!file) throw ModelError(path + ": could not read the " + std::to_string(header_length) + "-byte header");
+  if (!source.Read(8, text.data(), header_length)) {
+    throw ModelError(path + ": could not read the " + std::to_string(header_length) + "-byte header");
+  }
 
   nlohmann::json json;
   try {
@@ -190,11 +231,27 @@ std::ifstream OpenForRead(const std::string& path) {
   return file;
 }
 
+std::map<std::string, torch::Tensor> ReadTensors(const std::string& path, ByteSource& source) {
+  const Header header = ParseHeader(path, source);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : header.entries) {
+    torch::Tensor tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->dtype));
+    const uint64_t nbytes = entry.end - entry.begin;
+    if (nbytes > 0 && !source.Read(header.data_start + entry.begin, tensor.data_ptr(), nbytes)) {
+      throw ModelError(path + ": tensor '" + entry.name + "': could not read " + std::to_string(nbytes) +
+                       " bytes (truncated file?)");
+    }
+    out.emplace(entry.name, std::move(tensor));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetensorsHeader(const std::string& path) {
   std::ifstream file = OpenForRead(path);
-  const Header header = ParseHeader(path, file);
+  FileSource source(path, file);
+  const Header header = ParseHeader(path, source);
   std::map<std::string, std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& entry : header.entries) out[entry.name] = {entry.dtype->name, entry.shape};
   return out;
@@ -202,22 +259,13 @@ std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetens
 
 std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path) {
   std::ifstream file = OpenForRead(path);
-  const Header header = ParseHeader(path, file);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : header.entries) {
-    torch::Tensor tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->dtype));
-    const uint64_t nbytes = entry.end - entry.begin;
-    if (nbytes > 0) {
-      file.seekg(static_cast<std::streamoff>(header.data_start + entry.begin));
-      file.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(nbytes));
-      if (!file) {
-        throw ModelError(path + ": tensor '" + entry.name + "': could not read " + std::to_string(nbytes) +
-                         " bytes (truncated file?)");
-      }
-    }
-    out.emplace(entry.name, std::move(tensor));
-  }
-  return out;
+  FileSource source(path, file);
+  return ReadTensors(path, source);
+}
+
+std::map<std::string, torch::Tensor> ReadSafetensorsFromMemory(const void* data, size_t size, const std::string& name) {
+  MemorySource source(data, size);
+  return ReadTensors(name, source);
 }
 
 void WriteSafetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,

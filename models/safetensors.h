@@ -13,6 +13,9 @@ namespace tigon::models {
 // offsets against the file size, overlaps and overflow; throws ModelError naming the file and problem.
 std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path);
 
+// The same for a whole file's bytes in memory; `name` stands in for the path in error messages.
+std::map<std::string, torch::Tensor> ReadSafetensorsFromMemory(const void* data, size_t size, const std::string& name);
+
 // Only the header: name -> (dtype string, shape). Throws ModelError like ReadSafetensors.
 std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetensorsHeader(const std::string& path);
 

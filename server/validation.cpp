@@ -39,8 +39,10 @@ grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits
     out << "batch and seq_len must be positive (got batch=" << rows << ", seq_len=" << seq_len << ")";
     return Invalid(out.str());
   }
-  // Compared one factor at a time first so that the product cannot overflow.
-  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens || rows * seq_len > limits.max_batch_tokens) {
+  // The product can overflow int64 when --max-batch-tokens is huge (the flag takes any int64).
+  int64_t tokens = 0;
+  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens ||
+      __builtin_mul_overflow(rows, seq_len, &tokens) || tokens > limits.max_batch_tokens) {
     std::ostringstream out;
     out << "server limit: the batch has " << rows << " x " << seq_len << " tokens, more than the "
         << limits.max_batch_tokens << " tokens per request this server accepts (--max-batch-tokens)";

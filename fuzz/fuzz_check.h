@@ -1,0 +1,16 @@
+// A property check for fuzz targets: on failure it prints what broke and aborts, which libFuzzer
+// reports as a crash and saves the input.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+#define FUZZ_CHECK(cond, ...)                                                      \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      std::fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                           \
+      std::fprintf(stderr, "\n");                                                  \
+      std::abort();                                                                \
+    }                                                                              \
+  } while (0)
