@@ -16,6 +16,8 @@
 #include "log.h"
 #include "models/model.h"
 #include "models/safetensors.h"
+#include "replica.h"
+#include "tigon/data_parallel.h"
 #include "tigon/engine.h"
 
 #ifdef TIGON_WITH_CUDA
@@ -64,10 +66,11 @@ Status StatusFromException(const std::exception& e, const torch::Device& device,
   // c10 errors carry a C++ backtrace in what(); users get the message alone.
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-  if (IsOutOfMemory(what)) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr || IsOutOfMemory(what)) {
     ReleaseCachedMemory(device);
+    const std::string memory = device.is_cpu() ? "CPU memory" : "device memory";
     return Status(StatusCode::kResourceExhausted,
-                  std::string("device memory exhausted on ") + device.str() + " during " + call +
+                  memory + " exhausted on " + device.str() + " during " + call +
                       "; the step was not applied: " + what.substr(0, 400));
   }
   if (dynamic_cast<const models::ModelError*>(&e) != nullptr ||
@@ -77,7 +80,7 @@ Status StatusFromException(const std::exception& e, const torch::Device& device,
   return Status(StatusCode::kInternal, std::string(call) + " failed: " + what.substr(0, 2000));
 }
 
-class SessionImpl final : public Session {
+class SessionImpl final : public ReplicaSession {
  public:
   SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
               std::vector<int> devices, const SessionOptions& options, bool fused_adamw)
@@ -183,6 +186,11 @@ class SessionImpl final : public Session {
     }
   }
 
+  Status DiscardGradients() override {
+    DropGradients();
+    return Status::Ok();
+  }
+
   Status SaveCheckpoint(const std::string& dir) override {
     if (dir.empty()) return Status(StatusCode::kInvalidArgument, "checkpoint path is empty");
     if (pending_batches_ > 0) {
@@ -286,6 +294,25 @@ class SessionImpl final : public Session {
       return StatusFromException(e, device_, "load_checkpoint");
     }
   }
+
+  // ---- ReplicaSession: the data-parallel layer's view of this session (replica.h) ----
+  torch::Device device() const override { return device_; }
+  models::DecoderModel& model() override { return *model_; }
+  FlatParameters& flat() override { return *flat_; }
+  Status CheckBatch(const Batch& batch, bool need_targets) const override {
+    return ValidateBatch(batch, need_targets);
+  }
+  Status ResolveOptimizerSettings(const OptimizerOverrides& overrides, OptimizerSettings* out) const override {
+    return ResolveOptimizer(overrides, out);
+  }
+  Status ForwardBackwardRows(const Batch& rows, StepStats* stats) override {
+    return RunForwardBackward(rows, stats, "forward_backward");
+  }
+  int64_t pending_tokens() const override { return pending_tokens_; }
+  void SetPendingTokens(int64_t tokens) override { pending_tokens_ = tokens; }
+  void DropPendingGradients() override { DropGradients(); }
+  void SetReportedDevices(std::vector<int> devices) override { devices_ = std::move(devices); }
+  void SetFailureListener(std::function<void()> listener) override { failure_listener_ = std::move(listener); }
 
  private:
   static std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -407,7 +434,8 @@ class SessionImpl final : public Session {
       auto [ids, labels, weights] = ToTensors(batch);
       const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
       torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
-      loss_sum.backward();
+      // Rows of a data-parallel batch may hold no target token, and then their loss may have no graph.
+      if (loss_sum.requires_grad()) loss_sum.backward();
       const double loss_value = loss_sum.item<double>();
       pending_batches_ += 1;
       pending_tokens_ += tokens;
@@ -418,6 +446,9 @@ class SessionImpl final : public Session {
       FillMemory(out);
       return Status::Ok();
     } catch (const std::exception& e) {
+      // Other replicas may wait for this one in a collective: tell them first (releasing cached memory
+      // below can wait for their devices).
+      if (failure_listener_) failure_listener_();
       // Partial gradients of this call cannot be told apart from earlier ones: drop all pending ones.
       const int64_t dropped = pending_batches_;
       DropGradients();
@@ -517,6 +548,7 @@ class SessionImpl final : public Session {
   int64_t step_ = 0;
   int64_t pending_batches_ = 0;
   int64_t pending_tokens_ = 0;
+  std::function<void()> failure_listener_;  // data parallelism: see ReplicaSession
 };
 
 models::OpChoice ParseChoice(const std::string& op, const std::string& value) {
@@ -528,9 +560,10 @@ models::OpChoice ParseChoice(const std::string& op, const std::string& value) {
 }  // namespace
 }  // namespace engine
 
-Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session) {
-  using namespace engine;
-  if (session == nullptr) return Status(StatusCode::kInvalidArgument, "no output session given");
+namespace engine {
+
+Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
+                            std::unique_ptr<ReplicaSession>* replica) {
   try {
     const Precision precision = ParsePrecision(options.precision);
     TIGON_RETURN_IF_ERROR(SessionImpl::ValidateOptimizer(options.optimizer, nullptr));
@@ -539,21 +572,6 @@ Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* se
     if (has_path == has_config)
       return Status(StatusCode::kInvalidArgument,
                     "give exactly one of a model path (a local Hugging Face folder) or a model config");
-
-    // Device: CUDA device 0 by default when present; several devices need data parallelism.
-    std::vector<int> devices = options.devices;
-    if (devices.size() > 1)
-      return Status(StatusCode::kInvalidArgument, "sessions over several devices are not supported by this build");
-    torch::Device device(torch::kCPU);
-    const auto available = ListDevices();
-    if (devices.empty() && !available.empty()) devices = {0};
-    if (!devices.empty()) {
-      const int index = devices.front();
-      if (index < 0 || index >= static_cast<int>(available.size()))
-        return Status(StatusCode::kInvalidArgument, "device " + std::to_string(index) + " does not exist (" +
-                                                        std::to_string(available.size()) + " CUDA device(s) present)");
-      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-    }
 
     nlohmann::json config_json;
     if (has_path) {
@@ -588,13 +606,37 @@ Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* se
     } else {
       model = models::CreateRandom(config_json, &table, options.seed, dtype, device);
     }
-    *session = std::make_unique<SessionImpl>(std::move(model), precision, device, devices, options, fused_adamw);
-    Logf(LogLevel::kInfo, "created session: ", config.family, " ", (*session)->Info().parameter_count,
-         " parameters, ", options.precision, ", on ", device.str());
+    std::vector<int> devices;
+    if (device.is_cuda()) devices = {static_cast<int>(device.index())};
+    *replica = std::make_unique<SessionImpl>(std::move(model), precision, device, devices, options, fused_adamw);
     return Status::Ok();
   } catch (const std::exception& e) {
     return StatusFromException(e, torch::Device(torch::kCPU), "create_session");
   }
+}
+
+}  // namespace engine
+
+Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session) {
+  using namespace engine;
+  if (session == nullptr) return Status(StatusCode::kInvalidArgument, "no output session given");
+  // Several devices: one replica per device, gradients summed over NCCL (data_parallel_session.cpp).
+  if (options.devices.size() > 1) return CreateDataParallelSession(options, DataParallelOptions(), session);
+  // One device: CUDA device 0 by default when present, else the CPU.
+  torch::Device device(torch::kCPU);
+  const auto available = ListDevices();
+  int index = options.devices.empty() ? (available.empty() ? -1 : 0) : options.devices.front();
+  if (!options.devices.empty() && (index < 0 || index >= static_cast<int>(available.size())))
+    return Status(StatusCode::kInvalidArgument, "device " + std::to_string(index) + " does not exist (" +
+                                                    std::to_string(available.size()) + " CUDA device(s) present)");
+  if (index >= 0) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  std::unique_ptr<ReplicaSession> replica;
+  TIGON_RETURN_IF_ERROR(CreateReplicaSession(options, device, &replica));
+  const auto info = replica->Info();
+  Logf(LogLevel::kInfo, "created session: ", info.model_family, " ", info.parameter_count, " parameters, ",
+       options.precision, ", on ", device.str());
+  *session = std::move(replica);
+  return Status::Ok();
 }
 
 std::vector<std::string> SupportedModelFamilies() { return models::SupportedFamilies(); }

@@ -1,0 +1,64 @@
+// Data-parallel sessions beyond what engine.h's SessionOptions.devices gives: replicas on the CPU (how
+// CI tests the data-parallel logic without GPUs), the gradient bucket size, the collective timeout, a fault
+// injector for failure tests, and per-step communication timings for benchmarks. No torch types.
+//
+// CreateSession(options) with options.devices = {0, 1, ...} (two or more distinct CUDA devices) builds the
+// same session as CreateDataParallelSession(options, {}) below.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tigon/engine.h"
+
+namespace tigon {
+
+struct DataParallelOptions {
+  // > 0: that many replicas on the CPU with an in-process host communicator (options.devices must be
+  // empty). 0: one replica per CUDA device in options.devices, summed with NCCL.
+  int cpu_replicas = 0;
+  // Gradients are summed in buckets of about this many bytes of the flat gradient buffer, each started as
+  // soon as backward has finished every gradient in it. 0: kDefaultBucketBytes.
+  int64_t bucket_bytes = 0;
+  // A rank that waits longer than this for the others (a hung or dead rank) fails the step.
+  double collective_timeout_seconds = 300.0;
+  // Ranks in several processes (one per GPU or per host): world_size > 0 makes this process rank `rank` of
+  // `world_size`, with one replica on options.devices[0] (exactly one device). Every rank passes the same
+  // nccl_unique_id (NewNcclUniqueId on rank 0, handed to the others by the caller, e.g. over the servers'
+  // gRPC control plane) and makes the same calls in the same order, each with its own rows of the batch;
+  // loss, tokens and grad norm are then the whole world's. A rank that fails makes the others fail when
+  // their collective timeout expires; the session is then broken (a new unique id is needed).
+  int world_size = 0;
+  int rank = 0;
+  std::string nccl_unique_id;
+  // Tests: called on each replica's thread at named points ("forward_backward", "bucket:<i>" before bucket
+  // i of the launch order starts, "optim_step"); throwing from it makes that replica fail there.
+  std::function<void(int replica, const std::string& point)> fault_injector;
+};
+
+inline constexpr int64_t kDefaultBucketBytes = int64_t{64} << 20;
+
+Status CreateDataParallelSession(const SessionOptions& options, const DataParallelOptions& parallel,
+                                 std::unique_ptr<Session>* session);
+
+// A fresh NCCL unique id (128 bytes) for DataParallelOptions.nccl_unique_id. The process that makes it
+// serves the ranks' rendezvous, so it must live until every rank has joined.
+Status NewNcclUniqueId(std::string* unique_id);
+
+// Communication of the last forward_backward (or train_step) on replica 0.
+struct DataParallelTimings {
+  int replicas = 0;
+  int buckets = 0;               // gradient buckets summed
+  int buckets_after_backward = 0;  // of those, started only after backward (no overlap)
+  int64_t bucket_bytes = 0;      // bytes summed per replica
+  double allreduce_ms = 0.0;     // total time of the sums
+  double exposed_ms = 0.0;       // end of backward to end of the last sum: communication not hidden
+  double forward_backward_ms = 0.0;  // wall time of the replicas' forward+backward (slowest replica)
+};
+
+// False when `session` is not data-parallel.
+bool LastDataParallelTimings(const Session& session, DataParallelTimings* timings);
+
+}  // namespace tigon

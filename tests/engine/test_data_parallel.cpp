@@ -1,0 +1,380 @@
+// Data-parallel sessions on CPU replicas (tigon/data_parallel.h): batch splitting, gradient sums in buckets
+// during backward, equality with one replica training on the whole batch, accumulation, clipping,
+// checkpoints, and failures of one replica that must fail the step everywhere without hanging.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+#include <unistd.h>
+
+#include "engine_test_util.h"
+#include "tigon/data_parallel.h"
+
+namespace tigon {
+namespace {
+
+using testing::RandomBatch;
+using testing::TinyOptions;
+
+std::unique_ptr<Session> MakeSingle(const SessionOptions& options) {
+  std::unique_ptr<Session> session;
+  Status status = CreateSession(options, &session);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return session;
+}
+
+std::unique_ptr<Session> MakeParallel(const SessionOptions& options, int replicas, DataParallelOptions parallel = {}) {
+  parallel.cpu_replicas = replicas;
+  std::unique_ptr<Session> session;
+  Status status = CreateDataParallelSession(options, parallel, &session);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return session;
+}
+
+// A batch with explicit labels, some ignored, so the rows hold different numbers of target tokens.
+Batch UnevenBatch(int64_t rows, int64_t seq, uint64_t seed) {
+  Batch batch = RandomBatch(rows, seq, seed);
+  batch.labels.resize(batch.input_ids.size());
+  for (size_t i = 0; i < batch.labels.size(); ++i) {
+    const bool last = (i + 1) % seq == 0;
+    batch.labels[i] = (last || (i * 7 + seed) % 5 == 0) ? kIgnoreIndex : batch.input_ids[i + 1];
+  }
+  // The first row loses most of its targets: replicas get very different token counts.
+  for (int64_t t = 0; t < seq - 2; ++t) batch.labels[t] = kIgnoreIndex;
+  return batch;
+}
+
+double RelativeDifference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+// Maximum |a - b| over per-token log-probabilities of the same batch.
+double MaxLogprobDifference(Session& a, Session& b, const Batch& batch) {
+  ForwardResult fa, fb;
+  EXPECT_TRUE(a.Forward(batch, &fa).ok());
+  EXPECT_TRUE(b.Forward(batch, &fb).ok());
+  EXPECT_EQ(fa.logprobs.size(), fb.logprobs.size());
+  double worst = 0;
+  for (size_t i = 0; i < fa.logprobs.size() && i < fb.logprobs.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(fa.logprobs[i] - fb.logprobs[i])));
+  return worst;
+}
+
+// Rows that are all the same: each lands on a different replica in Forward, so equal log-probabilities
+// mean equal weights on every replica.
+void ExpectReplicasIdentical(Session& session, int replicas) {
+  Batch one = RandomBatch(1, 16, 777);
+  Batch same;
+  same.batch = replicas;
+  same.seq_len = one.seq_len;
+  for (int r = 0; r < replicas; ++r) same.input_ids.insert(same.input_ids.end(), one.input_ids.begin(), one.input_ids.end());
+  ForwardResult result;
+  ASSERT_TRUE(session.Forward(same, &result).ok());
+  for (int r = 1; r < replicas; ++r)
+    for (int64_t t = 0; t < one.seq_len; ++t)
+      ASSERT_EQ(result.logprobs[t], result.logprobs[r * one.seq_len + t]) << "replica " << r << " position " << t;
+}
+
+TEST(DataParallel, EqualsOneReplicaOnTheWholeBatchFp32) {
+  struct Case {
+    int replicas;
+    int64_t rows;
+    int64_t bucket_bytes;
+  };
+  // Even and uneven splits, one bucket and one bucket per parameter.
+  for (const Case c : {Case{2, 4, 0}, Case{2, 5, 1}, Case{3, 7, 4096}, Case{4, 4, 1}}) {
+    SCOPED_TRACE("replicas " + std::to_string(c.replicas) + ", rows " + std::to_string(c.rows) + ", bucket bytes " +
+                 std::to_string(c.bucket_bytes));
+    auto single = MakeSingle(TinyOptions());
+    DataParallelOptions parallel;
+    parallel.bucket_bytes = c.bucket_bytes;
+    auto dp = MakeParallel(TinyOptions(), c.replicas, parallel);
+    ASSERT_TRUE(single && dp);
+    EXPECT_EQ(dp->Info().parameter_count, single->Info().parameter_count);
+    for (int step = 0; step < 4; ++step) {
+      const Batch batch = UnevenBatch(c.rows, 24, 50 + step);
+      StepStats a, b;
+      ASSERT_TRUE(single->TrainStep(batch, {}, &a).ok());
+      Status status = dp->TrainStep(batch, {}, &b);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      EXPECT_EQ(b.tokens, a.tokens);
+      EXPECT_EQ(b.step, a.step);
+      EXPECT_LT(RelativeDifference(b.loss, a.loss), 1e-5) << "step " << step << ": " << b.loss << " vs " << a.loss;
+      EXPECT_LT(RelativeDifference(b.grad_norm, a.grad_norm), 1e-5) << "step " << step;
+      DataParallelTimings timings;
+      ASSERT_TRUE(LastDataParallelTimings(*dp, &timings));
+      EXPECT_EQ(timings.replicas, c.replicas);
+      // 21 parameters in the tiny 2-layer Llama: one bucket each at bucket_bytes = 1.
+      if (c.bucket_bytes == 1) EXPECT_EQ(timings.buckets, 21);
+      if (c.bucket_bytes == 0) EXPECT_EQ(timings.buckets, 1);
+      // Every parameter gets a gradient, so every bucket starts from the hooks during backward.
+      EXPECT_EQ(timings.buckets_after_backward, 0);
+    }
+    EXPECT_LT(MaxLogprobDifference(*dp, *single, RandomBatch(3, 16, 99)), 1e-4);
+    ExpectReplicasIdentical(*dp, c.replicas);
+    EXPECT_EQ(dp->Info().step, 4);
+  }
+  EXPECT_FALSE(LastDataParallelTimings(*MakeSingle(TinyOptions()), nullptr));
+}
+
+TEST(DataParallel, EqualsOneReplicaInBf16) {
+  for (const char* precision : {"bf16", "bf16_mixed"}) {
+    SCOPED_TRACE(precision);
+    auto single = MakeSingle(TinyOptions(precision));
+    DataParallelOptions parallel;
+    parallel.bucket_bytes = 8192;
+    auto dp = MakeParallel(TinyOptions(precision), 2, parallel);
+    for (int step = 0; step < 4; ++step) {
+      const Batch batch = UnevenBatch(4, 24, 60 + step);
+      StepStats a, b;
+      ASSERT_TRUE(single->TrainStep(batch, {}, &a).ok());
+      ASSERT_TRUE(dp->TrainStep(batch, {}, &b).ok());
+      EXPECT_EQ(b.tokens, a.tokens);
+      EXPECT_LT(RelativeDifference(b.loss, a.loss), 2e-2) << "step " << step;
+      EXPECT_LT(RelativeDifference(b.grad_norm, a.grad_norm), 5e-2) << "step " << step;
+    }
+    ExpectReplicasIdentical(*dp, 2);
+  }
+}
+
+TEST(DataParallel, ARowRangeWithoutTargetsStillTakesPart) {
+  // Replica 1 gets rows whose labels are all ignored: its loss has nothing to differentiate, yet it must
+  // take part in every gradient sum.
+  Batch batch = RandomBatch(4, 16, 5);
+  batch.labels.assign(batch.input_ids.size(), kIgnoreIndex);
+  for (int64_t i = 0; i < 2 * 16 - 1; ++i) batch.labels[i] = batch.input_ids[i + 1];
+  auto single = MakeSingle(TinyOptions());
+  auto dp = MakeParallel(TinyOptions(), 2);
+  for (int step = 0; step < 3; ++step) {
+    StepStats a, b;
+    ASSERT_TRUE(single->TrainStep(batch, {}, &a).ok());
+    Status status = dp->TrainStep(batch, {}, &b);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_LT(RelativeDifference(b.loss, a.loss), 1e-5);
+    EXPECT_LT(RelativeDifference(b.grad_norm, a.grad_norm), 1e-5);
+  }
+  ExpectReplicasIdentical(*dp, 2);
+}
+
+TEST(DataParallel, GradientAccumulationAcrossCalls) {
+  auto single = MakeSingle(TinyOptions());
+  auto dp = MakeParallel(TinyOptions(), 3, DataParallelOptions{0, 2048});
+  for (int step = 0; step < 3; ++step) {
+    const Batch first = UnevenBatch(3, 20, 70 + step), second = UnevenBatch(5, 20, 80 + step);
+    StepStats a1, a2, a3, b1, b2, b3;
+    ASSERT_TRUE(single->ForwardBackward(first, &a1).ok());
+    ASSERT_TRUE(single->ForwardBackward(second, &a2).ok());
+    ASSERT_TRUE(dp->ForwardBackward(first, &b1).ok());
+    ASSERT_TRUE(dp->ForwardBackward(second, &b2).ok());
+    EXPECT_EQ(b2.accumulated_batches, 2);
+    EXPECT_EQ(dp->Info().accumulated_batches, 2);
+    EXPECT_EQ(b1.tokens, a1.tokens);
+    EXPECT_EQ(b2.tokens, a2.tokens);
+    EXPECT_LT(RelativeDifference(b1.loss, a1.loss), 1e-5);
+    EXPECT_LT(RelativeDifference(b2.loss, a2.loss), 1e-5);
+    ASSERT_TRUE(single->OptimStep({}, &a3).ok());
+    ASSERT_TRUE(dp->OptimStep({}, &b3).ok());
+    EXPECT_LT(RelativeDifference(b3.grad_norm, a3.grad_norm), 1e-5) << "step " << step;
+    EXPECT_EQ(b3.step, a3.step);
+    EXPECT_EQ(dp->Info().accumulated_batches, 0);
+  }
+  EXPECT_LT(MaxLogprobDifference(*dp, *single, RandomBatch(3, 16, 98)), 1e-4);
+  ExpectReplicasIdentical(*dp, 3);
+  StepStats none;
+  EXPECT_EQ(dp->OptimStep({}, &none).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(DataParallel, ClippingUsesTheGlobalNorm) {
+  OptimizerOverrides clip;
+  clip.max_grad_norm = 0.05;
+  auto single = MakeSingle(TinyOptions());
+  auto dp = MakeParallel(TinyOptions(), 2);
+  auto unclipped = MakeParallel(TinyOptions(), 2);
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = UnevenBatch(4, 24, 90 + step);
+    StepStats a, b, u;
+    ASSERT_TRUE(single->TrainStep(batch, clip, &a).ok());
+    ASSERT_TRUE(dp->TrainStep(batch, clip, &b).ok());
+    ASSERT_TRUE(unclipped->TrainStep(batch, {}, &u).ok());
+    EXPECT_GT(b.grad_norm, 0.05);  // clipping is active
+    EXPECT_LT(RelativeDifference(b.loss, a.loss), 1e-5) << "step " << step;
+    EXPECT_LT(RelativeDifference(b.grad_norm, a.grad_norm), 1e-5) << "step " << step;
+    if (step > 0) EXPECT_GT(RelativeDifference(u.loss, b.loss), 1e-6) << "clipping made no difference";
+  }
+}
+
+TEST(DataParallel, BatchesTooSmallToSplitAreRefused) {
+  auto dp = MakeParallel(TinyOptions(), 3);
+  const Batch two_rows = RandomBatch(2, 16, 1);
+  StepStats stats;
+  Status status = dp->TrainStep(two_rows, {}, &stats);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  EXPECT_NE(status.message().find("cannot be split over 3"), std::string::npos) << status.message();
+  EXPECT_EQ(dp->ForwardBackward(two_rows, &stats).code(), StatusCode::kInvalidArgument);
+  // Bad input is reported with the whole batch's positions.
+  Batch bad = RandomBatch(3, 16, 2);
+  bad.input_ids[40] = 1000;
+  status = dp->TrainStep(bad, {}, &stats);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("input_ids[40]"), std::string::npos) << status.message();
+  EXPECT_EQ(dp->Info().step, 0);
+  EXPECT_EQ(dp->Info().accumulated_batches, 0);
+  // Forward needs no collective: fewer rows than replicas is fine, and matches one replica.
+  auto single = MakeSingle(TinyOptions());
+  EXPECT_LT(MaxLogprobDifference(*dp, *single, two_rows), 1e-5);
+}
+
+TEST(DataParallel, DeviceListsAreChecked) {
+  std::unique_ptr<Session> session;
+  auto options = TinyOptions();
+  options.devices = {0, 0};
+  Status status = CreateSession(options, &session);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("more than once"), std::string::npos) << status.message();
+  options.devices = {0, 1, 99};
+  status = CreateSession(options, &session);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("device 99 does not exist"), std::string::npos) << status.message();
+  DataParallelOptions parallel;
+  parallel.cpu_replicas = 2;
+  options.devices = {0};
+  EXPECT_EQ(CreateDataParallelSession(options, parallel, &session).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(session);
+}
+
+TEST(DataParallel, CheckpointRoundTripWithOneReplicaSessions) {
+  namespace fs = std::filesystem;
+  const auto dir = (fs::temp_directory_path() / ("tigon_dp_ckpt_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  auto dp = MakeParallel(TinyOptions("bf16_mixed"), 2);
+  auto single = MakeSingle(TinyOptions("bf16_mixed"));
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(dp->TrainStep(UnevenBatch(4, 16, 10 + step), {}, nullptr).ok());
+  }
+  ASSERT_TRUE(dp->ForwardBackward(UnevenBatch(2, 16, 3), nullptr).ok());
+  EXPECT_EQ(dp->SaveCheckpoint(dir).code(), StatusCode::kFailedPrecondition);  // pending gradients
+  ASSERT_TRUE(dp->OptimStep({}, nullptr).ok());
+  ASSERT_TRUE(dp->SaveCheckpoint(dir + "/a").ok());
+  // A one-device session resumes the data-parallel one exactly ...
+  ASSERT_TRUE(single->LoadCheckpoint(dir + "/a").ok());
+  EXPECT_EQ(single->Info().step, 3);
+  EXPECT_EQ(MaxLogprobDifference(*dp, *single, RandomBatch(1, 16, 4)), 0.0);  // one row: replica 0 alone
+  // ... and a data-parallel session loads into every replica.
+  auto resumed = MakeParallel(TinyOptions("bf16_mixed"), 2);
+  ASSERT_TRUE(resumed->LoadCheckpoint(dir + "/a").ok());
+  EXPECT_EQ(resumed->Info().step, 3);
+  for (int step = 0; step < 2; ++step) {
+    const Batch batch = UnevenBatch(4, 16, 20 + step);
+    StepStats a, b;
+    ASSERT_TRUE(dp->TrainStep(batch, {}, &a).ok());
+    ASSERT_TRUE(resumed->TrainStep(batch, {}, &b).ok());
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  ExpectReplicasIdentical(*resumed, 2);
+  EXPECT_EQ(resumed->LoadCheckpoint(dir + "/missing").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(resumed->TrainStep(UnevenBatch(4, 16, 30), {}, nullptr).ok());
+  fs::remove_all(dir);
+}
+
+struct InjectedFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A fault injector that throws `what` once on `replica` at `point`.
+std::function<void(int, const std::string&)> FailOnce(int replica, std::string point, std::string what,
+                                                       std::shared_ptr<int> fired) {
+  return [=](int r, const std::string& p) {
+    if (r == replica && p == point && *fired == 0) {
+      *fired += 1;
+      throw InjectedFailure(what);
+    }
+  };
+}
+
+TEST(DataParallel, AFailingReplicaFailsTheStepEverywhereWithoutHanging) {
+  struct Case {
+    std::string point;
+    std::string what;
+    StatusCode code;
+  };
+  const std::vector<Case> cases = {
+      {"forward_backward", "CUDA out of memory. Tried to allocate 2.00 GiB", StatusCode::kResourceExhausted},
+      {"bucket:0", "injected device error", StatusCode::kInternal},
+      {"bucket:5", "injected device error", StatusCode::kInternal},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.point);
+    auto fired = std::make_shared<int>(0);
+    DataParallelOptions parallel;
+    parallel.bucket_bytes = 1;  // 21 buckets: later ones fail while others wait inside a sum
+    parallel.collective_timeout_seconds = 60;
+    parallel.fault_injector = FailOnce(1, c.point, c.what, fired);
+    auto dp = MakeParallel(TinyOptions(), 3, parallel);
+    auto reference = MakeSingle(TinyOptions());
+    const Batch earlier = UnevenBatch(3, 16, 40), batch = UnevenBatch(4, 16, 41);
+    // Gradients pending from an earlier call are dropped with the failed one, as on one device.
+    ASSERT_TRUE(dp->ForwardBackward(earlier, nullptr).ok());
+    const auto start = std::chrono::steady_clock::now();
+    StepStats stats;
+    Status status = dp->TrainStep(batch, {}, &stats);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(*fired, 1);
+    EXPECT_EQ(status.code(), c.code) << status.ToString();
+    EXPECT_NE(status.message().find("replica 1"), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find(c.what), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find("not applied on any of the 3 replicas"), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find("1 earlier call(s) were dropped"), std::string::npos) << status.message();
+    EXPECT_LT(seconds, 20.0) << "a replica waited for the failed one";
+    EXPECT_EQ(dp->Info().accumulated_batches, 0);
+    EXPECT_EQ(dp->Info().step, 0);
+    // Nothing was applied and the session is usable: the next steps equal a fresh session's.
+    for (int step = 0; step < 2; ++step) {
+      const Batch next = UnevenBatch(4, 16, 42 + step);
+      StepStats a, b;
+      ASSERT_TRUE(reference->TrainStep(next, {}, &a).ok());
+      status = dp->TrainStep(next, {}, &b);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      EXPECT_LT(RelativeDifference(b.loss, a.loss), 1e-5);
+    }
+    ExpectReplicasIdentical(*dp, 3);
+  }
+}
+
+TEST(DataParallel, AReplicaThatNeverArrivesTimesOut) {
+  DataParallelOptions parallel;
+  parallel.collective_timeout_seconds = 0.5;
+  auto slow_once = std::make_shared<int>(0);
+  parallel.fault_injector = [slow_once](int r, const std::string& point) {
+    if (r == 0 && point == "bucket:0" && (*slow_once)++ == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  };
+  auto dp = MakeParallel(TinyOptions(), 2, parallel);
+  StepStats stats;
+  Status status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
+  EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
+  EXPECT_NE(status.message().find("timed out"), std::string::npos) << status.message();
+  EXPECT_EQ(dp->Info().step, 0);
+  status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  ExpectReplicasIdentical(*dp, 2);
+}
+
+TEST(DataParallel, AnUpdateThatFailsOnOneReplicaBreaksTheSession) {
+  DataParallelOptions parallel;
+  auto fired = std::make_shared<int>(0);
+  parallel.fault_injector = FailOnce(1, "optim_step", "injected update failure", fired);
+  auto dp = MakeParallel(TinyOptions(), 2, parallel);
+  StepStats stats;
+  Status status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("replica 1"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("broken"), std::string::npos) << status.message();
+  status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  EXPECT_NE(status.message().find("broken"), std::string::npos) << status.message();
+}
+
+}  // namespace
+}  // namespace tigon
