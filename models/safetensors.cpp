@@ -149,7 +149,7 @@ Header ParseHeader(const std::string& path, ByteSource& source) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     throw ModelError(path + ": malformed header JSON: " + e.what());
   }
   if (!json.is_object()) {

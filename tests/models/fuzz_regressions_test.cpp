@@ -50,5 +50,28 @@ TEST(FuzzRegressions, NegativeMaxWindowLayersMakesEveryLayerSliding) {
   EXPECT_EQ(ModelConfig::FromJson(config).sliding_window, (std::vector<int64_t>{0, 0, 16}));
 }
 
+// fuzz/corpus/fuzz_safetensors/crash_number_overflow_in_header: a number too large for a double in the
+// header JSON made the parser throw nlohmann's out_of_range, which escaped the reader (only parse errors
+// were turned into ModelError) and would have reached the caller as an internal error.
+TEST(FuzzRegressions, SafetensorsHeaderNumberOverflowIsAModelError) {
+  const std::string header = "{\"a\": {\"dtype\": \"F32\", \"shape\": [1e999], \"data_offsets\": [0, 4]}}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header + std::string(4, '\0');
+  const std::string message =
+      ModelErrorMessage([&] { ReadSafetensorsFromMemory(bytes.data(), bytes.size(), "overflow.safetensors"); });
+  EXPECT_NE(message.find("overflow.safetensors: malformed header JSON"), std::string::npos) << message;
+}
+
+// The buffer entry point refuses what the file reader refuses, with the name in place of the path.
+TEST(FuzzRegressions, SafetensorsFromMemoryChecksLikeTheFileReader) {
+  std::string bytes = std::string("\x10\0\0\0\0\0\0\0", 8) + "{\"a\": 1}";
+  EXPECT_NE(ModelErrorMessage([&] { ReadSafetensorsFromMemory(bytes.data(), bytes.size(), "m.safetensors"); })
+                .find("m.safetensors: header length 16 runs past the end"),
+            std::string::npos);
+  EXPECT_NE(ModelErrorMessage([&] { ReadSafetensorsFromMemory(bytes.data(), 3, "m.safetensors"); }).find("truncated"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tigon::models
