@@ -35,7 +35,8 @@ for target in "${TARGETS[@]}"; do
   scratch="$BUILD_DIR/fuzz-scratch/$target"  # new inputs land here, not in the committed corpus
   rm -rf "$scratch"
   mkdir -p "$artifacts" "$scratch"
-  flags=(-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1
+  # A fixed seed: the same run on every CI machine (new crashes are found by longer runs, not by luck).
+  flags=(-seed="${TIGON_FUZZ_SEED:-1}" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1
          -artifact_prefix="$artifacts/")
   echo "== $target: the committed corpus ($(ls "$corpus" | wc -l) inputs), then ${SECONDS_PER_TARGET} s of fuzzing"
   status=0

@@ -228,6 +228,7 @@ void TrainerService::ToProto(const SessionEntry& entry, v1::SessionInfo* out) co
   optimizer->set_weight_decay(info.optimizer.weight_decay);
   optimizer->set_max_grad_norm(info.optimizer.max_grad_norm);
   out->set_seed(info.seed);
+  out->set_optimizer_in_backward(info.optimizer_in_backward);
 }
 
 std::string TrainerService::NewSessionId() {

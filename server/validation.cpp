@@ -235,6 +235,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
   settings.weight_decay = o.weight_decay.value_or(settings.weight_decay);
   settings.max_grad_norm = o.max_grad_norm.value_or(settings.max_grad_norm);
   options->seed = request.seed();
+  options->optimizer_in_backward = request.optimizer_in_backward();
   std::set<int> seen;
   for (int device : request.devices()) {
     if (device < 0 || device >= device_count) {

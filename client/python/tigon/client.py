@@ -151,8 +151,9 @@ class Client:
 
     # ---- sessions ----
 
-    def _create_request(self, model, precision, kernels, optimizer, seed, devices):
-        request = pb.CreateSessionRequest(precision=precision, seed=int(seed))
+    def _create_request(self, model, precision, kernels, optimizer, seed, devices, optimizer_in_backward=False):
+        request = pb.CreateSessionRequest(precision=precision, seed=int(seed),
+                                          optimizer_in_backward=bool(optimizer_in_backward))
         if isinstance(model, dict):
             if "model_type" not in model:
                 raise InvalidArgument("the model config has no 'model_type' (e.g. 'llama')")
@@ -183,7 +184,7 @@ class Client:
         return request
 
     def create_session(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
-                       devices=None, timeout=None):
+                       devices=None, optimizer_in_backward=False, timeout=None):
         """A new session on the server.
 
         model: a Hugging Face config dict with "model_type" (random initialisation from `seed`), or the
@@ -192,14 +193,16 @@ class Client:
         kernels: "fused", "reference", or {op: choice} with an optional "default" key.
         optimizer: AdamW defaults: lr, betas=(b1, b2) or beta1/beta2, eps, weight_decay, max_grad_norm.
         devices: CUDA device indices (None: device 0 when the server has one, else its CPU).
+        optimizer_in_backward: apply AdamW to each parameter during backward, so that a train_step never
+          holds all gradients (saves 2 bytes per parameter in bf16); same results, one device, no clipping.
         """
-        request = self._create_request(model, precision, kernels, optimizer, seed, devices)
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward)
         info = self._call("CreateSession", request, SessionInfo.from_proto, timeout)
         return Session(self, info)
 
     def create_session_async(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
-                             devices=None, timeout=None):
-        request = self._create_request(model, precision, kernels, optimizer, seed, devices)
+                             devices=None, optimizer_in_backward=False, timeout=None):
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward)
         return self._call_async("CreateSession", request,
                                 lambda r: Session(self, SessionInfo.from_proto(r)), timeout)
 

@@ -57,6 +57,7 @@ class SessionInfo:
     accumulated_batches: int
     optimizer: Dict[str, float]
     seed: int
+    optimizer_in_backward: bool = False
 
     @classmethod
     def from_proto(cls, m):
@@ -68,7 +69,7 @@ class SessionInfo:
                    devices=list(m.devices), step=m.step, accumulated_batches=m.accumulated_batches,
                    optimizer=dict(lr=o.lr, beta1=o.beta1, beta2=o.beta2, eps=o.eps,
                                   weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm),
-                   seed=m.seed)
+                   seed=m.seed, optimizer_in_backward=m.optimizer_in_backward)
 
 
 @dataclass(frozen=True)
