@@ -63,11 +63,16 @@ def config_for(name):
     return dict(MODELS[name], model_type="llama")
 
 
-def run(client, name, batch, seq, kernels, steps, warmup=2):
+def new_session(client, name, kernels, optimizer_in_backward):
+    return client.create_session(config_for(name), precision="bf16", kernels=kernels,
+                                 optimizer=dict(lr=1e-5, weight_decay=0.0),
+                                 optimizer_in_backward=optimizer_in_backward)
+
+
+def run(client, name, batch, seq, kernels, steps, optimizer_in_backward=False, warmup=2):
     config = config_for(name)
     rng = np.random.default_rng(0)
-    with client.create_session(config, precision="bf16", kernels=kernels,
-                               optimizer=dict(lr=1e-5, weight_decay=0.0)) as session:
+    with new_session(client, name, kernels, optimizer_in_backward) as session:
         batches = [rng.integers(0, config["vocab_size"], size=(batch, seq), dtype=np.int32)
                    for _ in range(4)]
         for i in range(warmup):
@@ -82,7 +87,7 @@ def run(client, name, batch, seq, kernels, steps, warmup=2):
             reserved.append(getattr(result, "peak_reserved_bytes", 0))
             losses.append(result.loss)
         median = statistics.median(client_times)
-        return dict(model=name, batch=batch, seq=seq, kernels=kernels,
+        return dict(model=name, batch=batch, seq=seq, kernels=kernels, optimizer_in_backward=optimizer_in_backward,
                     tokens_per_second=batch * seq / median, step_seconds=median,
                     engine_step_seconds=statistics.median(engine_times),
                     outside_engine_share=1.0 - sum(engine_times) / sum(client_times),
@@ -90,12 +95,21 @@ def run(client, name, batch, seq, kernels, steps, warmup=2):
                     last_loss=losses[-1])
 
 
-def fits(client, name, seq, kernels):
-    try:
-        run(client, name, 1, seq, kernels, steps=1, warmup=0)
-        return True
-    except tigon.ResourceExhausted:
-        return False
+def longest_sequence(client, name, seqs, kernels, optimizer_in_backward):
+    """One training step at batch 1 for each length in turn, on one session, until one runs out of memory
+    (the session survives a failed step). Returns [(seq, peak GiB or None)]."""
+    config = config_for(name)
+    rng = np.random.default_rng(0)
+    tried = []
+    with new_session(client, name, kernels, optimizer_in_backward) as session:
+        for seq in seqs:
+            try:
+                r = session.train_step(rng.integers(0, config["vocab_size"], size=(1, seq), dtype=np.int32))
+                tried.append((seq, r.peak_memory_bytes / 2**30))
+            except tigon.ResourceExhausted:
+                tried.append((seq, None))
+                break
+    return tried
 
 
 def main():
@@ -109,6 +123,8 @@ def main():
     ap.add_argument("--max-seq", action="store_true", help="find the longest sequence at batch 1")
     ap.add_argument("--seqs", type=int, nargs="+", default=[16384, 20480, 24576, 32768, 40960, 49152, 65536],
                     help="sequence lengths tried in order by --max-seq")
+    ap.add_argument("--optimizer-in-backward", action="store_true",
+                    help="sessions apply AdamW during backward (no whole gradient buffer)")
     ap.add_argument("--out")
     args = ap.parse_args()
     server = Server(args.server_bin)
@@ -118,16 +134,15 @@ def main():
         for kernels in args.kernels:
             if args.max_seq:
                 best = 0
-                for seq in args.seqs:
-                    ok = fits(client, args.model, seq, kernels)
-                    print(f"{args.model} {kernels} batch 1 seq {seq}: {'fits' if ok else 'out of memory'}",
-                          flush=True)
-                    if not ok:
-                        break
-                    best = seq
-                results.append(dict(model=args.model, kernels=kernels, longest_seq=best))
+                for seq, peak in longest_sequence(client, args.model, args.seqs, kernels, args.optimizer_in_backward):
+                    print(f"{args.model} {kernels} batch 1 seq {seq}: "
+                          f"{'out of memory' if peak is None else f'fits, peak {peak:.1f} GiB'}", flush=True)
+                    if peak is not None:
+                        best = seq
+                results.append(dict(model=args.model, kernels=kernels, longest_seq=best,
+                                    optimizer_in_backward=args.optimizer_in_backward))
             else:
-                r = run(client, args.model, args.batch, args.seq, kernels, args.steps)
+                r = run(client, args.model, args.batch, args.seq, kernels, args.steps, args.optimizer_in_backward)
                 print(json.dumps(r), flush=True)
                 results.append(r)
     finally:

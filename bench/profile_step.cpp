@@ -21,13 +21,14 @@ namespace {
 struct Args {
   std::string config_path, trace_path = "trace.json", precision = "bf16", kernels = "fused";
   int64_t batch = 8, seq = 1024, warmup = 3, timed = 5, profiled = 2;
+  bool optimizer_in_backward = false;
   std::map<std::string, std::string> overrides;
 };
 
 [[noreturn]] void Usage(const std::string& error) {
   std::cerr << error << "\nusage: tigon-profile-step --config FILE [--batch N] [--seq N] [--precision P] "
             << "[--kernels fused|reference] [--override op=choice]... [--warmup N] [--timed N] [--profiled N] "
-            << "[--trace FILE]\n";
+            << "[--optimizer-in-backward] [--trace FILE]\n";
   std::exit(2);
 }
 
@@ -48,6 +49,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoll(value());
     else if (k == "--timed") a.timed = std::stoll(value());
     else if (k == "--profiled") a.profiled = std::stoll(value());
+    else if (k == "--optimizer-in-backward") a.optimizer_in_backward = true;
     else if (k == "--override") {
       const std::string v = value();
       const auto eq = v.find('=');
@@ -90,6 +92,7 @@ int main(int argc, char** argv) {
   options.precision = args.precision;
   options.kernels = args.kernels;
   options.kernel_overrides = args.overrides;
+  options.optimizer_in_backward = args.optimizer_in_backward;
   options.optimizer.lr = 1e-5;
   std::unique_ptr<tigon::Session> session;
   auto t0 = std::chrono::steady_clock::now();

@@ -1,7 +1,8 @@
 // The decoder: embedding -> N x (RMSNorm, attention, residual, RMSNorm, gated MLP, residual) -> RMSNorm ->
 // lm_head, with each family's differences as parameters (Hugging Face's modeling_{llama,mistral,qwen2,
 // gemma,phi3}.py, eager attention). RMSNorm, RoPE, the gated activation and the lm_head + loss go through
-// the op table; the residual add is fused into the following norm when rms_norm is fused.
+// the op table; the residual add is fused into the following norm when rms_norm is fused, and then the
+// norm output feeding the q/k/v and gate/up projections is recomputed in backward instead of kept.
 #include <algorithm>
 #include <cmath>
 
@@ -188,6 +189,37 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
     return has_bias ? at::linear(x, param(name + ".weight"), param(name + ".bias"))
                     : at::linear(x, param(name + ".weight"));
   };
+  // The projections (q/k/v or gate/up) of norm(delta + residual), and the new residual stream. Fused, one
+  // node that recomputes the norm in backward instead of keeping its output alive (ops::rms_norm_linears);
+  // delta is undefined before the first layer (nothing to add).
+  auto norm_project = [&](const torch::Tensor& delta, const torch::Tensor& residual, const torch::Tensor& weight,
+                          const std::vector<std::string>& names, bool has_bias)
+      -> std::pair<std::vector<torch::Tensor>, torch::Tensor> {
+    if (fused_norm) {
+      std::vector<torch::Tensor> weights, biases;
+      for (const auto& name : names) {
+        weights.push_back(param(name + ".weight"));
+        if (has_bias) biases.push_back(param(name + ".bias"));
+      }
+      auto outs = ops::rms_norm_linears(delta.defined() ? delta : residual, delta.defined() ? residual : torch::Tensor(),
+                                        weight, eps, norm_offset, casting, weights, biases);
+      torch::Tensor stream = residual;
+      if (delta.defined()) {
+        stream = outs.back();
+        outs.pop_back();
+      }
+      return {outs, stream};
+    }
+    torch::Tensor normed, stream = residual;
+    if (delta.defined()) {
+      std::tie(normed, stream) = add_norm(delta, residual, weight);
+    } else {
+      normed = norm(residual, weight);
+    }
+    std::vector<torch::Tensor> outs;
+    for (const auto& name : names) outs.push_back(linear(normed, name, has_bias));
+    return {outs, stream};
+  };
 
   const torch::Tensor ids = input_ids.to(device(), torch::kInt64);
   const int64_t batch = ids.size(0), seq = ids.size(1);
@@ -220,20 +252,27 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
   };
 
   torch::Tensor residual = hidden;
-  torch::Tensor normed = norm(hidden, param(LayerPrefix(0) + "input_layernorm.weight"));
+  torch::Tensor delta;  // the residual branch's output still to be added (undefined before layer 0)
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = LayerPrefix(layer);
     // Attention.
     torch::Tensor q, k, v;
+    const torch::Tensor& input_norm = param(p + "input_layernorm.weight");
     if (c.family == "phi3") {
-      const torch::Tensor qkv = at::linear(normed, param(p + "self_attn.qkv_proj.weight"));
+      auto [outs, stream] = norm_project(delta, residual, input_norm, {p + "self_attn.qkv_proj"}, false);
+      residual = stream;
+      const torch::Tensor& qkv = outs[0];
       q = qkv.narrow(-1, 0, hq * d);
       k = qkv.narrow(-1, hq * d, hk * d);
       v = qkv.narrow(-1, (hq + hk) * d, hk * d);
     } else {
-      q = linear(normed, p + "self_attn.q_proj", c.attention_bias);
-      k = linear(normed, p + "self_attn.k_proj", c.attention_bias);
-      v = linear(normed, p + "self_attn.v_proj", c.attention_bias);
+      auto [outs, stream] = norm_project(
+          delta, residual, input_norm, {p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"},
+          c.attention_bias);
+      residual = stream;
+      q = outs[0];
+      k = outs[1];
+      v = outs[2];
     }
     q = q.reshape({batch, seq, hq, d}).transpose(1, 2);
     k = k.reshape({batch, seq, hk, d}).transpose(1, 2);
@@ -242,17 +281,22 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
     torch::Tensor attn = CausalAttention(q, k, v, scale, c.sliding_window[layer]);
     attn = attn.transpose(1, 2).reshape({batch, seq, hq * d});
     attn = linear(attn, p + "self_attn.o_proj", c.attention_output_bias);
-    std::tie(normed, residual) = add_norm(attn, residual, param(p + "post_attention_layernorm.weight"));
 
     // Gated MLP: down(act(gate(x)) * up(x)).
     torch::Tensor gate, up;
+    const torch::Tensor& post_norm = param(p + "post_attention_layernorm.weight");
     if (c.family == "phi3") {
-      const torch::Tensor gate_up = at::linear(normed, param(p + "mlp.gate_up_proj.weight"));
+      auto [outs, stream] = norm_project(attn, residual, post_norm, {p + "mlp.gate_up_proj"}, false);
+      residual = stream;
+      const torch::Tensor& gate_up = outs[0];
       gate = gate_up.narrow(-1, 0, c.intermediate_size);
       up = gate_up.narrow(-1, c.intermediate_size, c.intermediate_size);
     } else {
-      gate = linear(normed, p + "mlp.gate_proj", c.mlp_bias);
-      up = linear(normed, p + "mlp.up_proj", c.mlp_bias);
+      auto [outs, stream] =
+          norm_project(attn, residual, post_norm, {p + "mlp.gate_proj", p + "mlp.up_proj"}, c.mlp_bias);
+      residual = stream;
+      gate = outs[0];
+      up = outs[1];
     }
     torch::Tensor mlp;
     if (fused_mlp) {
@@ -263,11 +307,10 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
       torch::Tensor act = geglu ? reference::geglu(gate, up) : reference::swiglu(gate, up);
       mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);
     }
-    const std::string next_norm =
-        layer + 1 < c.num_hidden_layers ? LayerPrefix(layer + 1) + "input_layernorm.weight" : "model.norm.weight";
-    std::tie(normed, residual) = add_norm(mlp, residual, param(next_norm));
+    delta = mlp;
   }
-  return normed;
+  if (!delta.defined()) return norm(residual, param("model.norm.weight"));
+  return std::get<0>(add_norm(delta, residual, param("model.norm.weight")));
 }
 
 torch::Tensor DecoderModel::Logits(const torch::Tensor& input_ids) const {

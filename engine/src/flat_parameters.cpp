@@ -30,7 +30,8 @@ torch::Dtype ModelDtype(Precision precision) {
   return precision == Precision::kFp32 ? torch::kFloat : torch::kBFloat16;
 }
 
-FlatParameters::FlatParameters(models::DecoderModel& model, Precision precision) : precision_(precision) {
+FlatParameters::FlatParameters(models::DecoderModel& model, Precision precision, bool allocate_grads)
+    : precision_(precision) {
   torch::NoGradGuard no_grad;
   auto& params = model.parameters();
   TORCH_CHECK(!params.empty(), "model has no parameters");
@@ -59,17 +60,16 @@ FlatParameters::FlatParameters(models::DecoderModel& model, Precision precision)
 
   const auto options = torch::TensorOptions().dtype(dtype).device(device);
   params_ = torch::empty({total}, options);
-  grads_ = torch::zeros({total}, options);
   for (size_t k = 0; k < order.size(); ++k) {
     auto& p = params[order[k]];
     const auto& slot = slots_[k];
     auto view = params_.narrow(0, slot.offset, slot.numel).view(slot.shape);
     view.copy_(p.tensor);
     view.requires_grad_(true);
-    // Backward accumulates in place into an already-defined .grad, i.e. into the flat gradient buffer.
-    view.mutable_grad() = grads_.narrow(0, slot.offset, slot.numel).view(slot.shape);
     p.tensor = view;
+    views_.push_back(view);
   }
+  if (allocate_grads) AttachGrads();
 
   // AdamW state: the parameters' dtype for bf16 (what the anchor measurements used), fp32 otherwise.
   const auto state_dtype = precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
@@ -78,25 +78,58 @@ FlatParameters::FlatParameters(models::DecoderModel& model, Precision precision)
   if (precision == Precision::kBf16Mixed) master_ = params_.to(torch::kFloat);
 }
 
+void FlatParameters::AttachGrads() {
+  torch::NoGradGuard no_grad;
+  if (!grads_.defined()) grads_ = torch::zeros({params_.numel()}, params_.options());
+  for (size_t k = 0; k < views_.size(); ++k) {
+    const auto& slot = slots_[k];
+    // Backward accumulates in place into an already-defined .grad, i.e. into the flat gradient buffer.
+    views_[k].mutable_grad() = grads_.narrow(0, slot.offset, slot.numel).view(slot.shape);
+  }
+}
+
+void FlatParameters::DetachGrads() {
+  for (auto& view : views_) view.mutable_grad().reset();
+}
+
 void FlatParameters::ZeroGrads() {
   torch::NoGradGuard no_grad;
-  grads_.zero_();
+  if (grads_.defined()) grads_.zero_();
 }
 
 double FlatParameters::GradNorm(double scale) const {
+  if (!grads_.defined()) return 0.0;
+  return std::sqrt(ops::squared_norm(grads_).item<double>()) * std::abs(scale);
+}
+
+void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOptions options, bool fused) {
   torch::NoGradGuard no_grad;
-  constexpr int64_t kChunk = int64_t{1} << 26;  // 256 MiB of fp32 at a time
-  torch::Tensor sum = torch::zeros({}, grads_.options().dtype(torch::kDouble));
-  for (int64_t start = 0; start < grads_.numel(); start += kChunk) {
-    const int64_t n = std::min(kChunk, grads_.numel() - start);
-    auto chunk = grads_.narrow(0, start, n).to(torch::kFloat);
-    sum += chunk.mul(chunk).sum(torch::kDouble);
+  const auto& slot = slots_.at(k);
+  if (slot.offset >= decay_numel_) options.weight_decay = 0.0;
+  auto m = exp_avg_.narrow(0, slot.offset, slot.numel);
+  auto v = exp_avg_sq_.narrow(0, slot.offset, slot.numel);
+  // Written through an alias with its own version counter: every parameter is a view of params_ and
+  // shares its counter, so an ATen write (the reference AdamW) would look to autograd like a change to
+  // all the parameters that later backward nodes saved, though only this one, which none of them reads
+  // any more, changes (optimizer_in_backward.h).
+  auto param = params_.variable_data().narrow(0, slot.offset, slot.numel);
+  if (master_.defined()) {
+    auto master = master_.narrow(0, slot.offset, slot.numel);
+    if (fused) {
+      ops::adamw_step(master, grad, m, v, options, param);
+    } else {
+      reference::adamw_step(master, grad, m, v, options, param);
+    }
+  } else if (fused) {
+    ops::adamw_step(param, grad, m, v, options);
+  } else {
+    reference::adamw_step(param, grad, m, v, options);
   }
-  return std::sqrt(sum.item<double>()) * std::abs(scale);
 }
 
 void FlatParameters::AdamWStep(const AdamWOptions& options, bool fused) {
   torch::NoGradGuard no_grad;
+  TORCH_CHECK(grads_.defined(), "AdamWStep: this session has no gradient buffer");
   auto run = [&](int64_t start, int64_t n, double weight_decay) {
     if (n == 0) return;
     AdamWOptions group = options;

@@ -32,8 +32,9 @@ struct ParameterSlot {
 class FlatParameters {
  public:
   // Moves the model's parameters into the flat buffer (the model's tensors become views), allocates the
-  // gradient buffer (attached as each parameter's .grad), and the AdamW state.
-  FlatParameters(models::DecoderModel& model, Precision precision);
+  // AdamW state and, unless `allocate_grads` is false, the gradient buffer (attached as each parameter's
+  // .grad; see AttachGrads).
+  FlatParameters(models::DecoderModel& model, Precision precision, bool allocate_grads = true);
 
   int64_t numel() const { return params_.numel(); }
   int64_t decay_numel() const { return decay_numel_; }
@@ -45,9 +46,21 @@ class FlatParameters {
   torch::Tensor& master() { return master_; }  // fp32 copy (bf16_mixed), undefined otherwise
   torch::Tensor& exp_avg() { return exp_avg_; }
   torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  // The parameter tensors (views into params()), in slot order: views()[k] is slots()[k].
+  std::vector<torch::Tensor>& views() { return views_; }
+
+  bool has_grads() const { return grads_.defined(); }
+  // Allocates the gradient buffer (zeros) when absent and makes each slice its parameter's .grad, so
+  // backward accumulates into it.
+  void AttachGrads();
+  // Leaves every parameter without .grad (the buffer, if any, is kept): backward then hands each
+  // gradient to autograd's own storage (optimizer_in_backward.h).
+  void DetachGrads();
+  // AdamW on one parameter with the given flat gradient (weight decay only if its slot is decayed).
+  void AdamWStepSlot(size_t slot, const torch::Tensor& grad, AdamWOptions options, bool fused);
 
   void ZeroGrads();
-  // L2 norm of grads() * scale, accumulated in fp64 over fp32 chunks (no full-size fp32 copy).
+  // L2 norm of grads() * scale, accumulated in fp64 in one read of the buffer (ops::squared_norm).
   double GradNorm(double scale) const;
   // One AdamW update over both groups; weight decay applies to the first group only.
   void AdamWStep(const AdamWOptions& options, bool fused);
@@ -60,6 +73,7 @@ class FlatParameters {
   Precision precision_;
   torch::Tensor params_, grads_, master_, exp_avg_, exp_avg_sq_;
   std::vector<ParameterSlot> slots_;
+  std::vector<torch::Tensor> views_;
   int64_t decay_numel_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include "atomic_dir.h"
 #include "device_memory.h"
 #include "flat_parameters.h"
+#include "optimizer_in_backward.h"
 #include "log.h"
 #include "models/model.h"
 #include "models/safetensors.h"
@@ -90,7 +91,9 @@ class SessionImpl final : public ReplicaSession {
         optimizer_(options.optimizer),
         seed_(options.seed),
         fused_adamw_(fused_adamw) {
-    flat_ = std::make_unique<FlatParameters>(*model_, precision);
+    // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
+    flat_ = std::make_unique<FlatParameters>(*model_, precision, /*allocate_grads=*/!options.optimizer_in_backward);
+    if (options.optimizer_in_backward) in_backward_ = std::make_unique<OptimizerInBackward>(flat_.get());
   }
 
   SessionInfo Info() const override {
@@ -105,6 +108,7 @@ class SessionImpl final : public ReplicaSession {
       info.ops.push_back({op, choice == models::OpChoice::kFused ? "fused" : "reference"});
     info.ops.push_back({"adamw", fused_adamw_ ? "fused" : "reference"});
     info.devices = devices_;
+    info.optimizer_in_backward = in_backward_ != nullptr;
     info.step = step_;
     info.accumulated_batches = pending_batches_;
     info.optimizer = optimizer_;
@@ -114,6 +118,7 @@ class SessionImpl final : public ReplicaSession {
 
   Status ForwardBackward(const Batch& batch, StepStats* stats) override {
     const auto start = Clock::now();
+    TIGON_RETURN_IF_ERROR(CheckNotBroken());
     TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "forward_backward"));
@@ -125,6 +130,7 @@ class SessionImpl final : public ReplicaSession {
 
   Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) override {
     const auto start = Clock::now();
+    TIGON_RETURN_IF_ERROR(CheckNotBroken());
     if (pending_batches_ == 0) {
       return Status(StatusCode::kFailedPrecondition,
                     "optim_step needs accumulated gradients: call forward_backward first");
@@ -143,10 +149,21 @@ class SessionImpl final : public ReplicaSession {
 
   Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) override {
     const auto start = Clock::now();
+    TIGON_RETURN_IF_ERROR(CheckNotBroken());
     TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
     OptimizerSettings settings;
     TIGON_RETURN_IF_ERROR(ResolveOptimizer(overrides, &settings));
     StepStats out;
+    // Clipping needs the global norm before any update, and pending gradients must join this step.
+    if (in_backward_ != nullptr && settings.max_grad_norm == 0 && pending_batches_ == 0) {
+      TIGON_RETURN_IF_ERROR(RunTrainStepInBackward(batch, settings, &out));
+      Synchronize(device_);
+      out.wall_seconds = SecondsSince(start);
+      out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+      FillMemory(&out);
+      if (stats) *stats = out;
+      return Status::Ok();
+    }
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "train_step"));
     StepStats optim;
     Status status = RunOptimStep(settings, &optim);
@@ -164,6 +181,7 @@ class SessionImpl final : public ReplicaSession {
   }
 
   Status Forward(const Batch& batch, ForwardResult* result) override {
+    TIGON_RETURN_IF_ERROR(CheckNotBroken());
     TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/false));
     try {
       c10::DeviceGuard guard(device_);
@@ -193,6 +211,7 @@ class SessionImpl final : public ReplicaSession {
 
   Status SaveCheckpoint(const std::string& dir) override {
     if (dir.empty()) return Status(StatusCode::kInvalidArgument, "checkpoint path is empty");
+    TIGON_RETURN_IF_ERROR(CheckNotBroken());
     if (pending_batches_ > 0) {
       return Status(StatusCode::kFailedPrecondition,
                     "the session has gradients from " + std::to_string(pending_batches_) +
@@ -288,6 +307,7 @@ class SessionImpl final : public ReplicaSession {
         flat_->ResetOptimizerState();
         step_ = 0;
       }
+      broken_ = false;
       Logf(LogLevel::kInfo, "loaded checkpoint ", dir, " at step ", step_);
       return Status::Ok();
     } catch (const std::exception& e) {
@@ -431,6 +451,7 @@ class SessionImpl final : public ReplicaSession {
     try {
       c10::DeviceGuard guard(device_);
       ResetPeakMemory(device_);
+      if (!flat_->has_grads()) flat_->AttachGrads();  // first accumulation with the optimizer in backward
       auto [ids, labels, weights] = ToTensors(batch);
       const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
       torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
@@ -475,15 +496,7 @@ class SessionImpl final : public ReplicaSession {
       double clip = 1.0;
       if (settings.max_grad_norm > 0 && grad_norm > settings.max_grad_norm)
         clip = settings.max_grad_norm / (grad_norm + 1e-6);  // torch.nn.utils.clip_grad_norm_
-      AdamWOptions adamw;
-      adamw.lr = settings.lr;
-      adamw.beta1 = settings.beta1;
-      adamw.beta2 = settings.beta2;
-      adamw.eps = settings.eps;
-      adamw.weight_decay = settings.weight_decay;
-      adamw.step = step_ + 1;
-      adamw.grad_scale = scale * clip;
-      flat_->AdamWStep(adamw, fused_adamw_);
+      flat_->AdamWStep(NextAdamW(settings, scale * clip), fused_adamw_);
       step_ += 1;
       DropGradients();
       out->step = step_;
@@ -496,6 +509,80 @@ class SessionImpl final : public ReplicaSession {
       DropGradients();
       return StatusFromException(e, device_, "optim_step");
     }
+  }
+
+  // The AdamW update of the next step (step_ + 1) with the gradients multiplied by grad_scale.
+  AdamWOptions NextAdamW(const OptimizerSettings& settings, double grad_scale) const {
+    AdamWOptions adamw;
+    adamw.lr = settings.lr;
+    adamw.beta1 = settings.beta1;
+    adamw.beta2 = settings.beta2;
+    adamw.eps = settings.eps;
+    adamw.weight_decay = settings.weight_decay;
+    adamw.step = step_ + 1;
+    adamw.grad_scale = grad_scale;
+    return adamw;
+  }
+
+  // TrainStep with AdamW applied to each parameter during backward (optimizer_in_backward.h). The same
+  // update as RunForwardBackward + RunOptimStep without clipping, without ever holding all gradients.
+  // A failure after the first update leaves a mix of old and new weights: the session is then broken
+  // until a checkpoint is loaded.
+  Status RunTrainStepInBackward(const Batch& batch, const OptimizerSettings& settings, StepStats* out) {
+    int64_t updated = 0;
+    try {
+      c10::DeviceGuard guard(device_);
+      ResetPeakMemory(device_);
+      auto [ids, labels, weights] = ToTensors(batch);
+      const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
+      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(tokens, 1));
+      torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
+      flat_->DetachGrads();
+      in_backward_->Arm(NextAdamW(settings, scale), fused_adamw_);
+      OptimizerInBackward::Result result;
+      try {
+        loss_sum.backward();
+        result = in_backward_->Disarm(/*complete=*/true);
+      } catch (...) {
+        updated = in_backward_->Disarm(/*complete=*/false).updated;
+        if (flat_->has_grads()) flat_->AttachGrads();
+        throw;
+      }
+      if (flat_->has_grads()) flat_->AttachGrads();
+      step_ += 1;
+      const double grad_norm = std::sqrt(result.squared_norm) * scale;
+      if (!std::isfinite(grad_norm)) {
+        broken_ = true;
+        return Status(StatusCode::kFailedPrecondition,
+                      "the gradient norm of step " + std::to_string(step_) +
+                          " is not finite and, with the optimizer in backward, it was already applied: " +
+                          "the session is broken until a checkpoint is loaded");
+      }
+      out->loss = loss_sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
+      out->tokens = tokens;
+      out->step = step_;
+      out->grad_norm = grad_norm;
+      out->lr = settings.lr;
+      out->accumulated_batches = 0;
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      Status status = StatusFromException(e, device_, "train_step");
+      if (updated > 0) {
+        broken_ = true;
+        status = Status(status.code(), status.message() + " (after " + std::to_string(updated) +
+                                           " parameters were updated by the optimizer in backward: the session " +
+                                           "is broken until a checkpoint is loaded)");
+      }
+      Logf(LogLevel::kWarning, "train_step failed: ", status.ToString());
+      return status;
+    }
+  }
+
+  Status CheckNotBroken() const {
+    if (!broken_) return Status::Ok();
+    return Status(StatusCode::kFailedPrecondition,
+                  "this session is broken: a train_step failed after the optimizer in backward had updated part of "
+                  "the model; load a checkpoint to continue");
   }
 
   Status ResolveOptimizer(const OptimizerOverrides& o, OptimizerSettings* out) const {
@@ -540,6 +627,8 @@ class SessionImpl final : public ReplicaSession {
 
   std::unique_ptr<models::DecoderModel> model_;
   std::unique_ptr<FlatParameters> flat_;
+  std::unique_ptr<OptimizerInBackward> in_backward_;  // set when the session fuses AdamW into backward
+  bool broken_ = false;                               // see RunTrainStepInBackward
   torch::Device device_;
   std::vector<int> devices_;
   OptimizerSettings optimizer_;
@@ -601,14 +690,18 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
     c10::DeviceGuard guard(device);
     std::unique_ptr<models::DecoderModel> model;
     const auto dtype = ModelDtype(precision);
+    const auto start = Clock::now();
     if (has_path) {
       model = models::LoadPretrained(options.model_path, &table, dtype, device);
     } else {
       model = models::CreateRandom(config_json, &table, options.seed, dtype, device);
     }
+    const double weights_seconds = SecondsSince(start);
     std::vector<int> devices;
     if (device.is_cuda()) devices = {static_cast<int>(device.index())};
     *replica = std::make_unique<SessionImpl>(std::move(model), precision, device, devices, options, fused_adamw);
+    Logf(LogLevel::kInfo, "session on ", device.str(), ": weights ", has_path ? "loaded" : "initialised", " in ",
+         weights_seconds, " s, buffers in ", SecondsSince(start) - weights_seconds, " s");
     return Status::Ok();
   } catch (const std::exception& e) {
     return StatusFromException(e, torch::Device(torch::kCPU), "create_session");
@@ -621,6 +714,10 @@ Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* se
   using namespace engine;
   if (session == nullptr) return Status(StatusCode::kInvalidArgument, "no output session given");
   // Several devices: one replica per device, gradients summed over NCCL (data_parallel_session.cpp).
+  if (options.devices.size() > 1 && options.optimizer_in_backward)
+    return Status(StatusCode::kInvalidArgument,
+                  "optimizer_in_backward is for single-device sessions (data parallelism sums the whole gradient "
+                  "buffer before the update)");
   if (options.devices.size() > 1) return CreateDataParallelSession(options, DataParallelOptions(), session);
   // One device: CUDA device 0 by default when present, else the CPU.
   torch::Device device(torch::kCPU);

@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <tuple>
+#include <vector>
 
 #include "kernels/ops/common.h"
 
@@ -20,6 +21,16 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
                                                       const torch::Tensor& weight, double eps, double offset,
                                                       RMSNormCasting casting);
+
+// linear(rms_norm(h), weights[i], biases[i]) for 1 to 3 projections of the same norm (q/k/v, gate/up), as
+// one node that saves h but not rms_norm(h), which backward recomputes: the projections' input does not
+// stay alive from forward to backward. h = x, or h = x + residual when residual is defined, in which case
+// h is returned after the projections (as add_rms_norm's residual_out). biases: empty, or one per weight
+// (undefined for none).
+std::vector<torch::Tensor> rms_norm_linears(const torch::Tensor& x, const torch::Tensor& residual,
+                                            const torch::Tensor& weight, double eps, double offset,
+                                            RMSNormCasting casting, const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases = {});
 
 // y = (x - mean) * rstd * weight + bias over the last dim. Saves mean and rstd per row.
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -59,5 +70,9 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
 // updated values cast to its dtype.
 void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
                 torch::Tensor& exp_avg_sq, const AdamWOptions& options, torch::Tensor param_copy = {});
+
+// sum(x^2) over every element, accumulated in fp64: a 0-dim float64 tensor on x's device (no autograd).
+// Deterministic for a given length. The global gradient norm is sqrt(squared_norm(grads)).
+torch::Tensor squared_norm(const torch::Tensor& x);
 
 }  // namespace tigon::ops

@@ -304,6 +304,102 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
   }
 };
 
+// Projections of an RMSNorm's output, linear(rms_norm(h), w_i, b_i) for up to three (w_i, b_i), with
+// h = x, or h = x + residual when residual is given (then h is returned last). An absent residual,
+// weight or bias is an empty tensor (autograd functions take no undefined inputs). Saves h, the weights and
+// rstd but not rms_norm(h): backward recomputes it with the forward kernel (bit-identical, as h and rstd
+// are), so the projections' shared input costs no memory between forward and backward.
+class RMSNormLinearsFunction : public torch::autograd::Function<RMSNormLinearsFunction> {
+ public:
+  static bool Given(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual,
+                             const torch::Tensor& weight, const torch::Tensor& w0, const torch::Tensor& w1,
+                             const torch::Tensor& w2, const torch::Tensor& b0, const torch::Tensor& b1,
+                             const torch::Tensor& b2, double eps, double offset, int64_t casting) {
+    CheckInputs(x, weight);
+    c10::OptionalDeviceGuard guard(x.device());
+    const int64_t hidden = x.size(-1);
+    const auto mode = ToCasting(casting);
+    torch::Tensor h2d, y, rstd;
+    const bool has_residual = Given(residual);
+    if (has_residual) {
+      TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::rms_norm_linears: x ", x.sizes(), " and residual ",
+                  residual.sizes(), " differ");
+#ifdef TIGON_CUDA_KERNELS
+      if (x.is_cuda()) {
+        auto x2d = AsRows(x, hidden);
+        h2d = torch::empty({x2d.size(0), hidden}, x2d.options());
+        std::tie(y, rstd) = RMSNormForwardCuda(x2d, AsRows(residual, hidden), h2d, weight, eps, offset, mode);
+      }
+#endif
+      if (!y.defined()) {
+        h2d = AsRows(x + residual, hidden);
+        std::tie(y, rstd) = RMSNormForwardCpu(h2d, weight, eps, offset, mode);
+      }
+    } else {
+      h2d = AsRows(x, hidden);
+      std::tie(y, rstd) = RMSNormForward(h2d, weight, eps, offset, mode);
+    }
+    auto lead = x.sizes().vec();
+    lead.pop_back();
+    tensor_list outputs;
+    for (const auto& [w, b] : {std::pair{w0, b0}, std::pair{w1, b1}, std::pair{w2, b2}}) {
+      if (!Given(w)) continue;
+      auto shape = lead;
+      shape.push_back(w.size(0));
+      outputs.push_back((Given(b) ? at::linear(y, w, b) : at::linear(y, w)).view(shape));
+    }
+    if (has_residual) outputs.push_back(h2d.view(x.sizes()));
+    ctx->save_for_backward({h2d, weight, rstd, w0, w1, w2});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["casting"] = casting;
+    ctx->saved_data["has_residual"] = has_residual;
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    ctx->saved_data["bias_mask"] = static_cast<int64_t>(Given(b0)) | (static_cast<int64_t>(Given(b1)) << 1) |
+                                   (static_cast<int64_t>(Given(b2)) << 2);
+    return outputs;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& h2d = saved[0];
+    const auto& weight = saved[1];
+    const auto& rstd = saved[2];
+    c10::OptionalDeviceGuard guard(h2d.device());
+    const double offset = ctx->saved_data["offset"].toDouble();
+    const auto mode = ToCasting(ctx->saved_data["casting"].toInt());
+    const bool has_residual = ctx->saved_data["has_residual"].toBool();
+    const int64_t bias_mask = ctx->saved_data["bias_mask"].toInt();
+    const auto y = RMSNormForward(h2d, weight, ctx->saved_data["eps"].toDouble(), offset, mode).first;
+    torch::Tensor dy;
+    tensor_list dw(3), db(3);
+    size_t output = 0;
+    for (int i = 0; i < 3; ++i) {
+      const auto& w = saved[3 + i];
+      if (!Given(w)) continue;
+      const auto& g = grad_outputs[output++];
+      if (!g.defined()) continue;
+      const auto g2d = g.reshape({-1, w.size(0)});
+      dw[i] = g2d.t().mm(y);
+      if (bias_mask & (1 << i)) db[i] = g2d.sum(0);
+      // One rounding per projection: cuBLAS accumulates beta * dy in fp32.
+      if (dy.defined()) {
+        dy.addmm_(g2d, w);
+      } else {
+        dy = g2d.mm(w);
+      }
+    }
+    const torch::Tensor d_residual_out = has_residual ? grad_outputs[output] : torch::Tensor();
+    if (!dy.defined()) dy = torch::zeros_like(y);
+    auto [dh, dweight] = RMSNormBackward(dy, h2d, d_residual_out, weight, rstd, offset, mode);
+    const auto dx = dh.view(ctx->saved_data["sizes"].toIntVector());
+    return {dx, has_residual ? dx : torch::Tensor(), dweight, dw[0], dw[1], dw[2], db[0], db[1], db[2],
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 torch::Tensor RMSNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps, double offset,
                         int64_t casting) {
   return RMSNormFunction::apply(x, weight, eps, offset, casting);
@@ -327,6 +423,28 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
                                                       const torch::Tensor& weight, double eps, double offset,
                                                       RMSNormCasting casting) {
   return AddRMSNormOp(x, residual, weight, eps, offset, static_cast<int64_t>(casting));
+}
+
+std::vector<torch::Tensor> rms_norm_linears(const torch::Tensor& x, const torch::Tensor& residual,
+                                            const torch::Tensor& weight, double eps, double offset,
+                                            RMSNormCasting casting, const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases) {
+  TORCH_CHECK(!weights.empty() && weights.size() <= 3, "tigon::rms_norm_linears: takes 1 to 3 weights, got ",
+              weights.size());
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
+              "tigon::rms_norm_linears: give one bias (or an undefined tensor) per weight, or none");
+  TORCH_CHECK(x.defined(), "tigon::rms_norm_linears: x is undefined");
+  const torch::Tensor none = torch::empty({0}, x.options());
+  torch::Tensor w[3] = {none, none, none}, b[3] = {none, none, none};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(weights[i].defined() && weights[i].dim() == 2 && weights[i].size(0) > 0 &&
+                    weights[i].size(1) == x.size(-1),
+                "tigon::rms_norm_linears: weight ", i, " must be [out, ", x.size(-1), "]");
+    w[i] = weights[i];
+    if (!biases.empty() && biases[i].defined()) b[i] = biases[i];
+  }
+  return RMSNormLinearsFunction::apply(x, residual.defined() ? residual : none, weight, w[0], w[1], w[2], b[0], b[1],
+                                       b[2], eps, offset, static_cast<int64_t>(casting));
 }
 
 }  // namespace tigon::ops

@@ -54,4 +54,7 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
 void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
                 torch::Tensor& exp_avg_sq, const AdamWOptions& options, torch::Tensor param_copy = {});
 
+// torch.linalg.vector_norm(x, dtype=float64) ** 2: the unfused composition (an fp64 copy of x).
+torch::Tensor squared_norm(const torch::Tensor& x);
+
 }  // namespace tigon::reference

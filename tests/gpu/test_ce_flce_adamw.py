@@ -467,3 +467,35 @@ def test_adamw_beyond_2_pow_31_elements():
     del param, grad, m, v
     gc.collect()
     torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------- squared_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [1, 7, 2049, 1_000_003, 64 * 2**20 + 5])
+def test_squared_norm_matches_float64(dtype, n):
+    x = (torch.randn(n, device=DEV, dtype=torch.float64) * 3).to(dtype)
+    got = tigon.squared_norm(x)
+    want = x.double().pow(2).sum()
+    assert got.dtype == torch.float64 and got.device == x.device
+    # Squares are exact in fp64; only the order of fp64 additions differs.
+    assert abs(got.item() - want.item()) <= 1e-12 * want.item()
+    assert tigon.squared_norm(x).item() == got.item(), "two calls on the same buffer must agree bit for bit"
+
+
+def test_squared_norm_of_misaligned_and_strided_views():
+    base = torch.randn(4096 * 3 + 1, device=DEV, dtype=torch.bfloat16)
+    for view in (base[1:], base[3:-5], base.view(-1)[:4096 * 3].view(3, 4096).t()):
+        want = view.double().pow(2).sum().item()
+        assert abs(tigon.squared_norm(view).item() - want) <= 1e-12 * want
+
+
+def test_squared_norm_past_two_to_the_31_elements():
+    n = 2**31 + 17
+    x = torch.empty(n, device=DEV, dtype=torch.bfloat16).fill_(0.5)
+    x[-1] = 3.0
+    assert tigon.squared_norm(x).item() == (n - 1) * 0.25 + 9.0
+    del x
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -79,6 +79,12 @@ struct SessionOptions {
   OptimizerSettings optimizer;
   uint64_t seed = 0;
   std::vector<int> devices;  // CUDA device indices; empty = CUDA device 0 when there is one, else CPU
+  // AdamW applied to each parameter as soon as backward has its gradient, which is then freed: TrainStep
+  // never holds the whole gradient buffer (2 bytes per parameter in bf16). Same result as the ordinary
+  // step; not with clipping (max_grad_norm > 0 takes the ordinary path) nor with several devices. A
+  // TrainStep that fails after the first update leaves the session broken (kFailedPrecondition) until a
+  // checkpoint is loaded.
+  bool optimizer_in_backward = false;
 };
 
 // ---- batches and results ------------------------------------------------------------------------
@@ -126,6 +132,7 @@ struct SessionInfo {
   int64_t max_position_embeddings = 0;
   std::vector<OpSelection> ops;
   std::vector<int> devices;
+  bool optimizer_in_backward = false;
   int64_t step = 0;
   int64_t accumulated_batches = 0;
   OptimizerSettings optimizer;
@@ -156,6 +163,12 @@ class Session {
   virtual Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) = 0;
   // Loss and per-token log-probabilities, no gradients.
   virtual Status Forward(const Batch& batch, ForwardResult* result) = 0;
+  // Drops the gradients pending since the last optimizer step; weights, optimizer state and step are
+  // unchanged (the server calls it when a step's caller gave up before the update). A session that
+  // cannot answers kFailedPrecondition, and the server then applies the step as before.
+  virtual Status DiscardGradients() {
+    return Status(StatusCode::kFailedPrecondition, "this session cannot drop pending gradients");
+  }
 
   // A Hugging Face-loadable folder (config.json, model.safetensors) plus optimizer.safetensors and
   // trainer_state.json; written under a temporary name and renamed, so `dir` is either the old

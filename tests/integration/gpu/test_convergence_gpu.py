@@ -44,14 +44,17 @@ LR = 1e-3
 # agree to 1e-3 relative, log-probabilities to 1e-3 of the largest, weights to 1e-3 of the largest entry
 # (measured on the H200: all five families pass).
 # bf16_mixed: a fused kernel rounds its activation once where the composition rounds after every op, and
-# Adam normalises each update to about lr whatever the gradient's size, so a rounding that flips a small
-# gradient component moves that weight by a full lr. Weights are therefore compared against how far Adam
-# can move them in the run (lr * steps), not against their own size (a bias that starts at 0 has none):
-# measured on the H200, the worst pair (Qwen2 k_proj bias) differed by 0.015 = 0.15 * lr * steps. Loss
-# curves agree to 2e-2 relative; log-probabilities to 10% of the largest (Gemma, whose sqrt(hidden)
-# embedding scale amplifies bf16 rounding, measured 6.7%).
-TOLERANCES = {"fp32": dict(loss=1e-3, logprob=1e-3, weights_of_max=1e-3, weights_of_travel=None),
-              "bf16_mixed": dict(loss=2e-2, logprob=1e-1, weights_of_max=None, weights_of_travel=0.3)}
+# Adam normalises each update to about lr whatever the gradient's size, so a rounding that flips the sign
+# of a small gradient component moves that weight by a full lr; over 100 steps such weights wander apart
+# in both runs alike (measured on the H200: single entries of Gemma's tied embedding 0.037 apart, 37% of
+# lr * steps). Entry-wise bounds therefore say nothing; what must hold is that the fused kernels add no
+# more error than the reference composition does. Both bf16 runs are compared against an fp32 reference
+# run from the same weights (the closest thing to exact arithmetic): the fused run's distance to it may
+# be at most 1.5x the reference run's over the whole model, and 3x for any one tensor. Loss curves agree
+# to 2e-2 relative; log-probabilities to 10% of the largest (Gemma, whose sqrt(hidden) embedding scale
+# amplifies bf16 rounding, measured 6.7%).
+TOLERANCES = {"fp32": dict(loss=1e-3, logprob=1e-3, weights_of_max=1e-3),
+              "bf16_mixed": dict(loss=2e-2, logprob=1e-1, model_vs_fp32=1.5, tensor_vs_fp32=3.0)}
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +98,24 @@ def test_fused_and_reference_converge_alike(gpu_server, family, precision):
     assert np.abs(f_lp - r_lp).max() <= tol["logprob"] * np.abs(r_lp).max()
     f_w, r_w = load_file(os.path.join(f_dir, "model.safetensors")), load_file(os.path.join(r_dir, "model.safetensors"))
     assert f_w.keys() == r_w.keys()
-    for name in f_w:
-        a, b = f_w[name].to(torch.float64).numpy(), r_w[name].to(torch.float64).numpy()
-        bound = (tol["weights_of_max"] * np.abs(b).max() if tol["weights_of_max"] is not None
-                 else tol["weights_of_travel"] * LR * STEPS)
-        assert np.abs(a - b).max() <= bound, f"{family} {precision}: weight {name} differs by {np.abs(a - b).max():.3g}"
+    as64 = lambda w: {k: v.to(torch.float64).numpy() for k, v in w.items()}
+    f_w, r_w = as64(f_w), as64(r_w)
+    if precision == "fp32":
+        for name in f_w:
+            a, b = f_w[name], r_w[name]
+            bound = tol["weights_of_max"] * np.abs(b).max()
+            assert np.abs(a - b).max() <= bound, f"{family} fp32: weight {name} differs by {np.abs(a - b).max():.3g}"
+        return
+    name = f"conv_{family}_fp32_truth"
+    train(client, config, "fp32", "reference", batches, name)
+    t_w = as64(load_file(os.path.join(root, name, "model.safetensors")))
+    dist = lambda w, k: np.linalg.norm(w[k] - t_w[k])
+    fused_total = np.sqrt(sum(dist(f_w, k) ** 2 for k in t_w))
+    ref_total = np.sqrt(sum(dist(r_w, k) ** 2 for k in t_w))
+    print(f"{family} bf16: distance to the fp32 run, fused {fused_total:.4g}, reference {ref_total:.4g}")
+    assert fused_total <= tol["model_vs_fp32"] * ref_total, (
+        f"{family} bf16: fused weights are {fused_total:.4g} from the fp32 run, the reference's {ref_total:.4g}")
+    for k in t_w:
+        floor = 1e-3 * np.linalg.norm(t_w[k])  # tensors that both runs keep (almost) exact
+        assert dist(f_w, k) <= tol["tensor_vs_fp32"] * dist(r_w, k) + floor, (
+            f"{family} bf16: {k} is {dist(f_w, k):.4g} from the fp32 run, the reference's {dist(r_w, k):.4g}")
