@@ -22,7 +22,7 @@ for phase in $PHASES; do
     gputest) run_phase gputest $TIGON_PYTHON -m pytest -q --timeout=300 tests/gpu ;;
     gpuservice) run_phase gpuservice env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q --timeout=600 tests/integration/gpu ;;
     modeltest) run_phase modeltest $TIGON_BUILD_DIR/tests/tigon_model_tests ;;
-    maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs ${TIGON_MAXSEQ:-32768 40960} --kernels fused --out "$LOGS/maxseq_llama8b.json" ;;
+    maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs ${TIGON_MAXSEQ:-32768 40960} --kernels fused ${TIGON_E2E_ARGS:-} --out "$LOGS/maxseq_llama8b.json" ;;
     profile) for spec in ${TIGON_PROFILE_MODELS:-llama3-8b:8:1024 llama3.2-1b:8:2048}; do
         IFS=: read -r model b t <<< "$spec"
         $TIGON_PYTHON -c "import json,sys; sys.path.insert(0,'bench'); from model_configs import MODELS; print(json.dumps(dict(MODELS['$model'], model_type='llama')))" > "$LOGS/$model.json"
@@ -33,8 +33,8 @@ for phase in $PHASES; do
     bench) for s in bench/bench_*.py; do n=$(basename $s .py); TAIL_LINES=25 run_phase $n $TIGON_PYTHON $s --out "$LOGS/$n.json"; done ;;
     hf) run_phase hf_llama1b $TIGON_PYTHON bench/hf_baseline.py --model llama3.2-1b --batch 8 --seq 2048 --out "$LOGS/hf_llama1b.json" ;;
     hf8b) run_phase hf_llama8b $TIGON_PYTHON bench/hf_baseline.py --model llama3-8b --batch 8 --seq 1024 --out "$LOGS/hf_llama8b.json" ;;
-    e2e8b) run_phase e2e_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused --out "$LOGS/e2e_llama8b.json" ;;
-    e2e) run_phase e2e_llama1b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference --out "$LOGS/e2e_llama1b.json" ;;
+    e2e8b) run_phase e2e_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama8b.json" ;;
+    e2e) run_phase e2e_llama1b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama1b.json" ;;
   esac
 done
 echo; echo "| phase | result |"; echo "| --- | --- |"
