@@ -34,7 +34,8 @@ GradientBuckets::GradientBuckets(models::DecoderModel& model, FlatParameters& fl
   auto& parameters = model.parameters();
   for (size_t i = 0; i < parameters.size(); ++i) model_index[parameters[i].name] = static_cast<int>(i);
 
-  // Consecutive slots of the flat layout, closed at bucket_bytes; each remembers the earliest model
+  // Consecutive slots of the flat layout, closed at bucket_bytes and where the 1-D parameters (norms,
+  // biases of every layer, finished throughout backward) begin; each bucket remembers the earliest model
   // position among its parameters (backward finishes that parameter last).
   struct Planned {
     GradientBucket bucket;
@@ -42,7 +43,8 @@ GradientBuckets::GradientBuckets(models::DecoderModel& model, FlatParameters& fl
   };
   std::vector<Planned> planned;
   for (const auto& slot : slots) {
-    if (planned.empty() || planned.back().bucket.numel * element_bytes >= bucket_bytes) {
+    if (planned.empty() || planned.back().bucket.numel * element_bytes >= bucket_bytes ||
+        slot.offset == flat.decay_numel()) {
       planned.emplace_back();
       planned.back().bucket.offset = slot.offset;
     }
