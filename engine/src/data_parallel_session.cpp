@@ -217,6 +217,14 @@ class DataParallelSession final : public Session {
     return Status::Ok();
   }
 
+  Status DiscardGradients() override {
+    TIGON_RETURN_IF_ERROR(CheckUsable());
+    for (auto& replica : replicas_) replica->DropPendingGradients();
+    pending_batches_ = 0;
+    pending_tokens_ = 0;
+    return Status::Ok();
+  }
+
   Status SaveCheckpoint(const std::string& dir) override {
     TIGON_RETURN_IF_ERROR(CheckUsable());
     // Every replica holds the same weights and optimizer state.
@@ -486,6 +494,10 @@ Status CreateDataParallelSession(const SessionOptions& options, const DataParall
                                  std::unique_ptr<Session>* session) {
   using namespace engine;
   if (session == nullptr) return Status(StatusCode::kInvalidArgument, "no output session given");
+  if (options.optimizer_in_backward)
+    return Status(StatusCode::kInvalidArgument,
+                  "optimizer_in_backward is for single-device sessions (data parallelism sums the whole gradient "
+                  "buffer before the update)");
   std::vector<torch::Device> devices;
   const bool spans_processes = parallel.world_size > 0;
   if (spans_processes) {

@@ -187,6 +187,26 @@ TEST(DataParallel, GradientAccumulationAcrossCalls) {
   EXPECT_EQ(dp->OptimStep({}, &none).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(DataParallel, DiscardedGradientsAreDroppedOnEveryReplica) {
+  auto single = MakeSingle(TinyOptions());
+  auto dp = MakeParallel(TinyOptions(), 2);
+  ASSERT_TRUE(dp->ForwardBackward(UnevenBatch(4, 16, 1), nullptr).ok());
+  ASSERT_TRUE(dp->DiscardGradients().ok());
+  EXPECT_EQ(dp->Info().accumulated_batches, 0);
+  EXPECT_EQ(dp->OptimStep({}, nullptr).code(), StatusCode::kFailedPrecondition);
+  const Batch batch = UnevenBatch(4, 16, 2);
+  StepStats a, b;
+  ASSERT_TRUE(single->TrainStep(batch, {}, &a).ok());
+  ASSERT_TRUE(dp->TrainStep(batch, {}, &b).ok());
+  EXPECT_LT(RelativeDifference(b.grad_norm, a.grad_norm), 1e-5);  // nothing of the discarded batch left
+  auto in_backward = TinyOptions();
+  in_backward.optimizer_in_backward = true;
+  std::unique_ptr<Session> session;
+  DataParallelOptions parallel;
+  parallel.cpu_replicas = 2;
+  EXPECT_EQ(CreateDataParallelSession(in_backward, parallel, &session).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DataParallel, ClippingUsesTheGlobalNorm) {
   OptimizerOverrides clip;
   clip.max_grad_norm = 0.05;
