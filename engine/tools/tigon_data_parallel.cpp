@@ -17,6 +17,8 @@
 //     tokens/s of one device with rows-per-device rows vs all devices with rows-per-device rows each,
 //     and the gradient all-reduce time that backward did not hide (median of the measured steps).
 //
+// --cpu runs check and bench with replicas on the CPU (one per listed device) to try the tool without GPUs.
+//
 // Without --config a small Llama (hidden 256, 4 layers, vocab 512) is used.
 #include <algorithm>
 #include <chrono>
@@ -56,6 +58,7 @@ struct Args {
   double tolerance = 0.02;
   double bucket_mb = 0;
   std::string json_file;
+  bool cpu = false;  // replicas on the CPU (host communicator): a smoke test of this tool without GPUs
   // rank-child (started by ranks): this process's rank, the hex NCCL unique id, where to write results.
   int rank = 0;
   std::string unique_id_hex;
@@ -103,6 +106,7 @@ Args Parse(int argc, char** argv) {
       else if (k == "--tolerance") a.tolerance = std::stod(value());
       else if (k == "--bucket-mb") a.bucket_mb = std::stod(value());
       else if (k == "--json") a.json_file = value();
+      else if (k == "--cpu") a.cpu = true;
       else if (k == "--rank") a.rank = std::stoi(value());
       else if (k == "--unique-id") a.unique_id_hex = value();
       else if (k == "--out") a.out_file = value();
@@ -160,15 +164,16 @@ tigon::SessionOptions Options(const Args& a, const std::string& config, std::vec
   o.optimizer.lr = 1e-4;
   o.optimizer.weight_decay = 0.01;
   o.optimizer.max_grad_norm = 1.0;
-  o.devices = std::move(devices);
+  if (!a.cpu) o.devices = std::move(devices);
   return o;
 }
 
-std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, const Args& a) {
+std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, const Args& a, int replicas) {
   std::unique_ptr<tigon::Session> session;
   tigon::Status status;
-  if (options.devices.size() > 1) {
+  if (replicas > 1) {
     tigon::DataParallelOptions parallel;
+    if (a.cpu) parallel.cpu_replicas = replicas;
     parallel.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
     parallel.collective_timeout_seconds = 120;
     status = tigon::CreateDataParallelSession(options, parallel, &session);
@@ -176,8 +181,8 @@ std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, con
     status = tigon::CreateSession(options, &session);
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "tigon-data-parallel: creating a session on %zu device(s) failed: %s\n",
-                 options.devices.size(), status.ToString().c_str());
+    std::fprintf(stderr, "tigon-data-parallel: creating a session on %d device(s) failed: %s\n", replicas,
+                 status.ToString().c_str());
     std::exit(1);
   }
   return session;
@@ -194,9 +199,12 @@ bool CheckFailure(const Args& a, const std::string& config) {
   parallel.collective_timeout_seconds = 60;
   const int failing = static_cast<int>(a.devices.size()) - 1;
   auto fired = std::make_shared<int>(0);
+  if (a.cpu) parallel.cpu_replicas = static_cast<int>(a.devices.size());
   parallel.fault_injector = [failing, fired](int replica, const std::string& point) {
-    if (replica == failing && point == "bucket:1" && (*fired)++ == 0)
+    if (replica == failing && point == "bucket:1" && *fired == 0) {
+      *fired = 1;
       throw std::runtime_error("CUDA out of memory (injected)");
+    }
   };
   std::unique_ptr<tigon::Session> session;
   tigon::Status status = tigon::CreateDataParallelSession(Options(a, config, a.devices), parallel, &session);
@@ -222,8 +230,8 @@ bool CheckFailure(const Args& a, const std::string& config) {
 
 int Check(const Args& a, const std::string& config) {
   const int vocab = VocabSize(config);
-  auto single = Create(Options(a, config, {a.devices.front()}), a);
-  auto parallel = Create(Options(a, config, a.devices), a);
+  auto single = Create(Options(a, config, {a.devices.front()}), a, 1);
+  auto parallel = Create(Options(a, config, a.devices), a, static_cast<int>(a.devices.size()));
   std::printf("check: %zu devices vs device %d, %s, batch %d x %d, %d steps, tolerance %.3g\n", a.devices.size(),
               a.devices.front(), a.precision.c_str(), a.rows, a.seq, a.steps, a.tolerance);
   std::printf("| step | loss 1 device | loss %zu devices | rel. diff | grad norm 1 | grad norm %zu | rel. diff |\n",
@@ -285,7 +293,7 @@ struct BenchResult {
 
 BenchResult Bench(const Args& a, const std::string& config, const std::vector<int>& devices) {
   const int vocab = VocabSize(config);
-  auto session = Create(Options(a, config, devices), a);
+  auto session = Create(Options(a, config, devices), a, static_cast<int>(devices.size()));
   BenchResult r;
   r.devices = static_cast<int>(devices.size());
   r.rows = a.rows * r.devices;
@@ -331,14 +339,21 @@ int RunBench(const Args& a, const std::string& config) {
   std::printf("\n| devices | batch | tokens/s | step ms | all-reduce ms | not hidden ms | share not hidden | "
               "buckets (after backward) | peak GiB |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  auto fixed = [](const char* format, double value) {
+    char text[64];
+    std::snprintf(text, sizeof text, format, value);
+    return std::string(text);
+  };
   for (const auto* r : {&one, &all}) {
     const bool dp = r->devices > 1;
+    const std::string allreduce = dp ? fixed("%.2f", r->allreduce_ms) : "-";
+    const std::string exposed = dp ? fixed("%.2f", r->exposed_ms) : "-";
+    const std::string share = dp ? fixed("%.1f%%", r->allreduce_ms > 0 ? 100.0 * r->exposed_ms / r->allreduce_ms : 0.0)
+                                 : "-";
+    const std::string buckets =
+        dp ? std::to_string(r->buckets) + " (" + std::to_string(r->buckets_after_backward) + ")" : "-";
     std::printf("| %d | %d x %d | %.0f | %.1f | %s | %s | %s | %s | %.1f |\n", r->devices, r->rows, a.seq,
-                r->tokens_per_second, r->step_ms, dp ? std::to_string(r->allreduce_ms).c_str() : "-",
-                dp ? std::to_string(r->exposed_ms).c_str() : "-",
-                dp ? std::to_string(r->allreduce_ms > 0 ? r->exposed_ms / r->allreduce_ms : 0.0).c_str() : "-",
-                dp ? (std::to_string(r->buckets) + " (" + std::to_string(r->buckets_after_backward) + ")").c_str()
-                   : "-",
+                r->tokens_per_second, r->step_ms, allreduce.c_str(), exposed.c_str(), share.c_str(), buckets.c_str(),
                 r->peak_bytes / double(1 << 30));
   }
   std::printf("\nspeed-up %.3fx on %zu devices (target >= %.2fx); %.1f%% of the all-reduce time hidden behind "
@@ -478,7 +493,7 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
     }
     std::remove((base + "." + std::to_string(r)).c_str());
   }
-  auto single = Create(Options(a, config, {a.devices.front()}), a);
+  auto single = Create(Options(a, config, {a.devices.front()}), a, 1);
   const int vocab = VocabSize(config);
   bool ok = true;
   std::printf("ranks: %d processes vs device %d, %s, batch %d x %d\n", ranks, a.devices.front(), a.precision.c_str(),
