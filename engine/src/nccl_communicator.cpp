@@ -104,6 +104,8 @@ class NcclCommunicator final : public Communicator {
     bucket_events_.clear();
     if (values_) cudaFree(values_);
     values_ = nullptr;
+    if (host_values_) cudaFreeHost(host_values_);
+    host_values_ = nullptr;
     if (values_done_) cudaEventDestroy(values_done_);
     values_done_ = nullptr;
     if (ready_) cudaEventDestroy(ready_);
@@ -137,7 +139,8 @@ class NcclCommunicator final : public Communicator {
   int device_;
   int world_size_ = 0;
   ncclComm_t comm_ = nullptr;
-  double* values_ = nullptr;  // device buffer of AllReduceValues
+  double* values_ = nullptr;       // device buffer of AllReduceValues
+  double* host_values_ = nullptr;  // pinned, so that copies back do not block the host (see PollEvent)
   cudaEvent_t values_done_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, backward_end_ = nullptr, done_ = nullptr;
@@ -351,17 +354,21 @@ Status NcclCommunicator::AllReduceValues(double* values, int count) {
   cudaSetDevice(device_);
   if (values_ == nullptr) {
     cudaError_t error = cudaMalloc(reinterpret_cast<void**>(&values_), kMaxValues * sizeof(double));
+    if (error == cudaSuccess) error = cudaMallocHost(reinterpret_cast<void**>(&host_values_), kMaxValues * sizeof(double));
     if (error == cudaSuccess) error = cudaEventCreateWithFlags(&values_done_, cudaEventDisableTiming);
     if (error != cudaSuccess) return FailAndAbort(CudaError("allocating the value buffer", error));
   }
   const size_t bytes = static_cast<size_t>(count) * sizeof(double);
-  cudaError_t error = cudaMemcpyAsync(values_, values, bytes, cudaMemcpyHostToDevice, stream_);
+  std::copy(values, values + count, host_values_);
+  cudaError_t error = cudaMemcpyAsync(values_, host_values_, bytes, cudaMemcpyHostToDevice, stream_);
   if (error != cudaSuccess) return FailAndAbort(CudaError("copying values to the device", error));
   TIGON_RETURN_IF_ERROR(Enqueue(values_, values_, static_cast<size_t>(count), ncclFloat64, "ncclAllReduce (values)"));
-  error = cudaMemcpyAsync(values, values_, bytes, cudaMemcpyDeviceToHost, stream_);
+  error = cudaMemcpyAsync(host_values_, values_, bytes, cudaMemcpyDeviceToHost, stream_);
   if (error == cudaSuccess) error = cudaEventRecord(values_done_, stream_);
   if (error != cudaSuccess) return FailAndAbort(CudaError("copying values from the device", error));
-  return PollEvent(values_done_, "summing values over the ranks");
+  TIGON_RETURN_IF_ERROR(PollEvent(values_done_, "summing values over the ranks"));
+  std::copy(host_values_, host_values_ + count, values);
+  return Status::Ok();
 }
 
 Status NcclCommunicator::Finish(void* stream) {
