@@ -19,9 +19,13 @@ namespace {
 using testing::RandomBatch;
 using testing::TinyOptions;
 
+// The reference: one replica on the CPU, whole batches (a plain session would take CUDA device 0 on a GPU
+// machine, where these tests also run).
 std::unique_ptr<Session> MakeSingle(const SessionOptions& options) {
+  DataParallelOptions one;
+  one.cpu_replicas = 1;
   std::unique_ptr<Session> session;
-  Status status = CreateSession(options, &session);
+  Status status = CreateDataParallelSession(options, one, &session);
   EXPECT_TRUE(status.ok()) << status.ToString();
   return session;
 }
@@ -116,7 +120,31 @@ TEST(DataParallel, EqualsOneReplicaOnTheWholeBatchFp32) {
     ExpectReplicasIdentical(*dp, c.replicas);
     EXPECT_EQ(dp->Info().step, 4);
   }
-  EXPECT_FALSE(LastDataParallelTimings(*MakeSingle(TinyOptions()), nullptr));
+  std::unique_ptr<Session> plain;
+  ASSERT_TRUE(CreateSession(TinyOptions(), &plain).ok());
+  EXPECT_FALSE(LastDataParallelTimings(*plain, nullptr));
+}
+
+// The one-replica reference above is itself checked against a plain session (CUDA device 0 on a GPU
+// machine, hence the looser tolerance).
+TEST(DataParallel, OneReplicaEqualsAPlainSession) {
+  std::unique_ptr<Session> plain;
+  ASSERT_TRUE(CreateSession(TinyOptions(), &plain).ok());
+  auto one = MakeSingle(TinyOptions());
+  auto two = MakeParallel(TinyOptions(), 2);
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = UnevenBatch(4, 24, 30 + step);
+    StepStats p, a, b;
+    ASSERT_TRUE(plain->TrainStep(batch, {}, &p).ok());
+    ASSERT_TRUE(one->TrainStep(batch, {}, &a).ok());
+    ASSERT_TRUE(two->TrainStep(batch, {}, &b).ok());
+    EXPECT_EQ(a.tokens, p.tokens);
+    EXPECT_EQ(b.tokens, p.tokens);
+    EXPECT_LT(RelativeDifference(a.loss, p.loss), 1e-4) << "step " << step;
+    EXPECT_LT(RelativeDifference(b.loss, p.loss), 1e-4) << "step " << step;
+    EXPECT_LT(RelativeDifference(a.grad_norm, p.grad_norm), 1e-4) << "step " << step;
+    EXPECT_LT(RelativeDifference(b.grad_norm, p.grad_norm), 1e-4) << "step " << step;
+  }
 }
 
 TEST(DataParallel, EqualsOneReplicaInBf16) {
