@@ -11,6 +11,7 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-yaml
   prometheus                                     # promtool and a real Prometheus for the metrics tests
   clang libclang-rt-14-dev                       # libFuzzer and the sanitizer runtimes (fuzz/run.sh)
+  openssl                                        # test certificates for the TLS tests
 )
 
 missing=()

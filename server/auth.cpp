@@ -2,6 +2,8 @@
 
 #include <cctype>
 #include <fstream>
+#include <set>
+#include <sstream>
 
 namespace tigon::server {
 namespace {
@@ -22,7 +24,79 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool ValidName(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '@' && c != '-') return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+TokenAuthenticator::TokenAuthenticator(const std::vector<std::string>& tokens) {
+  for (const auto& token : tokens) entries_.push_back({token, Caller{kDefaultName, false}});
+}
+
+size_t TokenAuthenticator::admin_count() const {
+  size_t n = 0;
+  for (const auto& entry : entries_) n += entry.caller.admin ? 1 : 0;
+  return n;
+}
+
+bool TokenAuthenticator::Parse(const std::string& text, const std::string& source, TokenAuthenticator* out,
+                               std::string* error) {
+  std::vector<TokenEntry> entries;
+  std::set<std::string> seen;
+  std::istringstream in(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::string content = Trim(line);
+    if (content.empty() || content[0] == '#') continue;
+    const std::string where = source + " line " + std::to_string(number);
+    for (char c : content) {
+      if (!std::isprint(static_cast<unsigned char>(c)) && !std::isspace(static_cast<unsigned char>(c))) {
+        *error = where + " has control characters";
+        return false;
+      }
+    }
+    std::istringstream fields(content);
+    std::vector<std::string> parts;
+    for (std::string field; fields >> field;) parts.push_back(field);
+    TokenEntry entry;
+    entry.token = parts[0];
+    if (parts.size() == 1) {
+      entry.caller = Caller{kDefaultName, false};
+    } else if (parts.size() == 3) {
+      if (parts[1] != "user" && parts[1] != "admin") {
+        *error = where + ": the role '" + parts[1] + "' is not 'user' or 'admin'";
+        return false;
+      }
+      if (!ValidName(parts[2])) {
+        *error = where + ": the name '" + parts[2] + "' may hold only letters, digits and . _ @ -";
+        return false;
+      }
+      entry.caller = Caller{parts[2], parts[1] == "admin"};
+    } else {
+      *error = where + " has " + std::to_string(parts.size()) +
+               " fields; expected 'TOKEN' or 'TOKEN ROLE NAME' (ROLE: user or admin)";
+      return false;
+    }
+    if (!seen.insert(entry.token).second) {
+      *error = where + " repeats a token listed earlier";
+      return false;
+    }
+    entries.push_back(std::move(entry));
+  }
+  if (entries.empty()) {
+    *error = source + " holds no token";
+    return false;
+  }
+  *out = TokenAuthenticator(std::move(entries));
+  return true;
+}
 
 bool TokenAuthenticator::LoadFromFile(const std::string& path, TokenAuthenticator* out, std::string* error) {
   std::ifstream in(path);
@@ -30,35 +104,26 @@ bool TokenAuthenticator::LoadFromFile(const std::string& path, TokenAuthenticato
     *error = "cannot read the auth token file '" + path + "'";
     return false;
   }
-  std::vector<std::string> tokens;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::string token = Trim(line);
-    if (token.empty() || token[0] == '#') continue;
-    for (char c : token) {
-      if (std::isspace(static_cast<unsigned char>(c)) || !std::isprint(static_cast<unsigned char>(c))) {
-        *error = "the auth token file '" + path + "' has a token with whitespace or control characters";
-        return false;
-      }
-    }
-    tokens.push_back(token);
-  }
-  if (tokens.empty()) {
-    *error = "the auth token file '" + path + "' holds no token";
-    return false;
-  }
-  *out = TokenAuthenticator(std::move(tokens));
-  return true;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Parse(text.str(), "the auth token file '" + path + "'", out, error);
 }
 
-bool TokenAuthenticator::Accepts(const std::string& token) const {
-  bool accepted = false;
-  for (const std::string& candidate : tokens_) accepted |= ConstantTimeEquals(token, candidate);
-  return accepted;
+const TokenEntry* TokenAuthenticator::Find(const std::string& token) const {
+  // Every entry is compared (no early exit), for the same reason as ConstantTimeEquals.
+  const TokenEntry* found = nullptr;
+  for (const TokenEntry& entry : entries_) {
+    if (ConstantTimeEquals(token, entry.token)) found = &entry;
+  }
+  return found;
 }
 
-grpc::Status TokenAuthenticator::Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
-  if (!enabled()) return grpc::Status::OK;
+grpc::Status TokenAuthenticator::Authenticate(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                                              Caller* caller) const {
+  if (!enabled()) {
+    *caller = Caller{"", true};
+    return grpc::Status::OK;
+  }
   auto range = metadata.equal_range("authorization");
   if (range.first == range.second) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata");
@@ -74,7 +139,10 @@ grpc::Status TokenAuthenticator::Check(const std::multimap<grpc::string_ref, grp
     if (!scheme_matches) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the authorization metadata must be 'Bearer <token>'");
     }
-    if (Accepts(Trim(value.substr(kScheme.size())))) return grpc::Status::OK;
+    if (const TokenEntry* entry = Find(Trim(value.substr(kScheme.size())))) {
+      *caller = entry->caller;
+      return grpc::Status::OK;
+    }
   }
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the bearer token is not accepted");
 }

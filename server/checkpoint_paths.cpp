@@ -1,10 +1,67 @@
 #include "server/checkpoint_paths.h"
 
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
 namespace tigon::server {
 namespace fs = std::filesystem;
+
+namespace {
+
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+// POSIX nftw rather than std::filesystem::remove_all: libtorch 2.11, loaded into this process with the
+// engine, exports a remove_all that crashes when it wins symbol resolution (see engine/src/atomic_dir.cpp).
+void RemoveTree(const std::string& path) { ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS); }
+
+bool AllDigits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool CheckpointRoot::IsTemporaryName(const std::string& component, int64_t* pid) {
+  const size_t at = component.rfind(".tmp-");
+  if (at == std::string::npos || at == 0) return false;
+  const std::string rest = component.substr(at + 5);  // "<pid>-<n>"
+  const size_t dash = rest.find('-');
+  if (dash == std::string::npos || !AllDigits(rest.substr(0, dash)) || !AllDigits(rest.substr(dash + 1))) return false;
+  if (pid != nullptr) *pid = std::strtoll(rest.substr(0, dash).c_str(), nullptr, 10);
+  return true;
+}
+
+std::vector<std::string> CheckpointRoot::RemoveStaleTemporaries() const {
+  std::vector<std::string> removed;
+  if (!enabled()) return removed;
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root_, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    int64_t pid = 0;
+    if (!it->is_directory(ec) || it->is_symlink(ec) || !IsTemporaryName(it->path().filename().string(), &pid)) {
+      continue;
+    }
+    it.disable_recursion_pending();
+    // kill(pid, 0) fails with ESRCH only when no such process exists; EPERM means it runs (as another user).
+    const bool running = pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    if (!running) stale.push_back(it->path());
+  }
+  for (const auto& path : stale) {
+    RemoveTree(path.string());
+    removed.push_back(path.lexically_relative(root_).string());
+  }
+  return removed;
+}
 
 bool CheckpointRoot::Open(const std::string& dir, CheckpointRoot* out, std::string* error) {
   std::error_code ec;
@@ -56,6 +113,13 @@ grpc::Status CheckpointRoot::Resolve(const std::string& request_path, std::strin
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "the checkpoint path must name a folder inside the checkpoint root, not the "
                         "root itself");
+  }
+  for (const auto& component : inside) {
+    if (IsTemporaryName(component.string())) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "the checkpoint path '" + request_path +
+                              "' names a temporary folder of an unfinished save (NAME.tmp-PID-N), not a checkpoint");
+    }
   }
   *absolute = resolved.string();
   *relative = inside.string();

@@ -8,6 +8,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 #include "server/options.h"
+#include "server/tls.h"
 #include "server/trainer_service.h"
 #include "tigon/engine.h"
 
@@ -73,10 +75,19 @@ int Run(const ServerOptions& options) {
     spdlog::critical("{}", error);
     return 2;
   }
+  std::shared_ptr<grpc::ServerCredentials> credentials = MakeServerCredentials(options, &error);
+  if (credentials == nullptr) {
+    spdlog::critical("{}", error);
+    return 2;
+  }
   CheckpointRoot checkpoints;
   if (!options.checkpoint_root.empty() && !CheckpointRoot::Open(options.checkpoint_root, &checkpoints, &error)) {
     spdlog::critical("{}", error);
     return 2;
+  }
+  for (const std::string& leftover : checkpoints.RemoveStaleTemporaries()) {
+    spdlog::info("removed '{}' under the checkpoint root: the temporary folder of a save that did not finish",
+                 leftover);
   }
 
   EngineApi engine = RealEngineApi();
@@ -88,6 +99,8 @@ int Run(const ServerOptions& options) {
   config.max_message_bytes = options.max_message_bytes;
   config.version = TIGON_VERSION;
   config.session_idle_timeout_seconds = options.session_idle_timeout_seconds;
+  config.max_parameters = options.max_parameters;
+  const size_t auth_tokens = auth.size(), auth_admins = auth.admin_count();
   TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -97,7 +110,7 @@ int Run(const ServerOptions& options) {
   // gRPC sets SO_REUSEPORT by default, which would let a second server share a port that is in use
   // (each getting part of the calls); refuse to start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(&service);
   // Larger requests are refused by gRPC with RESOURCE_EXHAUSTED ("Received message larger than max").
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -131,15 +144,18 @@ int Run(const ServerOptions& options) {
   if (!metrics_address.empty()) std::printf("tigon-server metrics on http://%s/metrics\n", metrics_address.c_str());
   std::fflush(stdout);
   spdlog::info(
-      "tigon-server {} (engine {}) listening on {}; model families: {}; devices: {}; auth {}; "
+      "tigon-server {} (engine {}) listening on {} ({}); model families: {}; devices: {}; auth {}; "
       "checkpoints {}",
       TIGON_VERSION, engine.engine_version, address,
+      options.tls_cert.empty() ? "plaintext" : (options.tls_client_ca.empty() ? "TLS" : "mutual TLS"),
       [&] {
         std::string s;
         for (auto& f : engine.model_families) s += (s.empty() ? "" : ",") + f;
         return s;
       }(),
-      engine.list_devices().size(), options.auth_token_file.empty() ? "off" : "on",
+      engine.list_devices().size(),
+      auth_tokens == 0 ? std::string("off")
+                       : fmt::format("on ({} tokens, {} admin)", auth_tokens, auth_admins),
       checkpoints.enabled() ? checkpoints.root() : std::string("disabled"));
 
   int signal_number = 0;
@@ -153,12 +169,19 @@ int Run(const ServerOptions& options) {
     std::_Exit(1);
   }).detach();
 
+  // Health turns NOT_SERVING and new Trainer calls are answered UNAVAILABLE while the port stays open,
+  // so probes and clients see the drain; the calls already running get until --exit-timeout.
   server->GetHealthCheckService()->SetServingStatus(false);
+  service.BeginDrain();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(options.exit_timeout_seconds * 1000));
-  // Refuses new calls at once; calls still running at the deadline are cancelled, but a handler
-  // already inside the engine finishes its step before Shutdown returns.
-  server->Shutdown(deadline);
+  if (!service.WaitForCalls(deadline)) {
+    spdlog::warn("--exit-timeout passed with {} call(s) still running; cancelling them", service.calls_in_flight());
+  }
+  // Closes the port. The Trainer calls are done (or out of time): a short grace lets their last responses
+  // go out, then whatever else is open (health, reflection streams) is cancelled; a handler still inside
+  // the engine after --exit-timeout finishes its step before Shutdown returns.
+  server->Shutdown(std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(500)));
   server->Wait();
   metrics_endpoint.Stop();
   service.CloseAllSessions();

@@ -55,8 +55,10 @@ const std::vector<Flag>& Flags() {
          return ValidListenAddress(v);
        }},
       {"auth-token-file", "FILE",
-       "file with the accepted bearer tokens, one per line; every Trainer call then needs "
-       "'authorization: Bearer <token>' metadata (health and reflection stay open)",
+       "file with the accepted bearer tokens, one per line as 'TOKEN' or 'TOKEN ROLE NAME' (ROLE: user "
+       "or admin); every Trainer call then needs 'authorization: Bearer <token>' metadata, and a "
+       "session's calls need a token of the name that created it or an admin token (health and "
+       "reflection stay open)",
        [](const std::string& v, ServerOptions* o) {
          o->auth_token_file = v;
          return !v.empty();
@@ -92,6 +94,28 @@ const std::vector<Flag>& Flags() {
        "close a session that has had no call for this long, freeing its memory when its client is gone "
        "(default 0: never)",
        [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->session_idle_timeout_seconds); }},
+      {"max-parameters", "N",
+       "largest model a session may have, in parameters, estimated from its config before anything is "
+       "allocated (RESOURCE_EXHAUSTED above it; default 100000000000; 0: no limit)",
+       [](const std::string& v, ServerOptions* o) { return ParseInt(v, 0, &o->max_parameters); }},
+      {"tls-cert", "FILE",
+       "PEM certificate chain of the server: the gRPC port then speaks TLS only (needs --tls-key)",
+       [](const std::string& v, ServerOptions* o) {
+         o->tls_cert = v;
+         return !v.empty();
+       }},
+      {"tls-key", "FILE", "PEM private key of --tls-cert",
+       [](const std::string& v, ServerOptions* o) {
+         o->tls_key = v;
+         return !v.empty();
+       }},
+      {"tls-client-ca", "FILE",
+       "PEM certificate(s) of the CA that signs client certificates: mutual TLS, a client without a "
+       "certificate signed by it is refused during the handshake (needs --tls-cert)",
+       [](const std::string& v, ServerOptions* o) {
+         o->tls_client_ca = v;
+         return !v.empty();
+       }},
       {"metrics-listen", "HOST:PORT",
        "address of the Prometheus /metrics endpoint (default 127.0.0.1:9464, skipped with a warning "
        "when taken; port 0 picks a free port; 'off' disables it)",
@@ -162,6 +186,14 @@ ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOpti
       *error = "bad value '" + value + "' for --" + name + " (expected " + flag->value_name + ")";
       return ParseOutcome::kExitError;
     }
+  }
+  if (options->tls_cert.empty() != options->tls_key.empty()) {
+    *error = "--tls-cert and --tls-key go together: give both or neither";
+    return ParseOutcome::kExitError;
+  }
+  if (!options->tls_client_ca.empty() && options->tls_cert.empty()) {
+    *error = "--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key";
+    return ParseOutcome::kExitError;
   }
   return ParseOutcome::kRun;
 }

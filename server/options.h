@@ -19,6 +19,14 @@ struct ServerOptions {
   double session_idle_timeout_seconds = 0;        // close sessions without a call for this long; 0 = never
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
   bool metrics_listen_given = false;              // the default address may be taken (then: no metrics, a warning)
+  // Largest model CreateSession builds, in parameters (estimated from the config before anything is
+  // allocated); 0 = no limit. The default is past what one 141 GiB GPU can train.
+  int64_t max_parameters = 100'000'000'000;
+  // TLS: the server's certificate chain and private key (PEM); both or neither. With tls_client_ca
+  // (PEM of the CA that signs client certificates) every client must present a certificate it signed.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
 };
 
 enum class ParseOutcome { kRun, kExitOk, kExitError };

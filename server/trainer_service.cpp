@@ -33,6 +33,19 @@ void ToProto(const tigon::StepStats& stats, v1::StepResult* out) {
   out->set_accumulated_batches(stats.accumulated_batches);
 }
 
+// A TrainStep's statistics from its ForwardBackward (`stats`) and OptimStep (`optim`) parts, as the
+// engine's TrainStep reports them.
+void MergeTrainStepStats(const tigon::StepStats& optim, tigon::StepStats* stats) {
+  stats->step = optim.step;
+  stats->grad_norm = optim.grad_norm;
+  stats->lr = optim.lr;
+  stats->accumulated_batches = 0;
+  stats->wall_seconds += optim.wall_seconds;
+  stats->tokens_per_second = stats->wall_seconds > 0 ? stats->tokens / stats->wall_seconds : 0.0;
+  stats->peak_allocated_bytes = std::max(stats->peak_allocated_bytes, optim.peak_allocated_bytes);
+  stats->peak_reserved_bytes = std::max(stats->peak_reserved_bytes, optim.peak_reserved_bytes);
+}
+
 // Runs `fn` when the scope ends (bookkeeping that must happen on every path, exceptions included).
 template <typename F>
 class ScopeExit {
@@ -117,12 +130,28 @@ int TrainerService::CloseIdleSessions() {
 }
 
 grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx,
-                                    const std::function<grpc::Status()>& body) {
+                                    const std::function<grpc::Status(const Caller&)>& body) {
   const auto start = Clock::now();
-  grpc::Status status = auth_.Check(ctx->client_metadata());
+  grpc::Status status;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    if (draining_) {
+      status = Error(grpc::StatusCode::UNAVAILABLE, "the server is shutting down and takes no new calls");
+    } else {
+      ++calls_in_flight_;
+    }
+  }
+  const bool admitted = status.ok();
+  ScopeExit done([this, admitted] {
+    if (!admitted) return;
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    if (--calls_in_flight_ == 0) calls_done_.notify_all();
+  });
+  Caller caller;
+  if (status.ok()) status = auth_.Authenticate(ctx->client_metadata(), &caller);
   if (status.ok()) {
     try {
-      status = body();
+      status = body(caller);
     } catch (const std::exception& e) {
       status = Error(grpc::StatusCode::INTERNAL, std::string("internal error in ") + method + ": " + e.what());
     } catch (...) {
@@ -142,7 +171,7 @@ grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx
 }
 
 std::shared_ptr<TrainerService::SessionEntry> TrainerService::Find(const std::string& session_id,
-                                                                   grpc::Status* status) const {
+                                                                   const Caller& caller, grpc::Status* status) const {
   if (session_id.empty()) {
     *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty");
     return nullptr;
@@ -153,13 +182,53 @@ std::shared_ptr<TrainerService::SessionEntry> TrainerService::Find(const std::st
     *status = Error(grpc::StatusCode::NOT_FOUND, "no session '" + session_id + "' on this server");
     return nullptr;
   }
+  if (!MayUseSession(caller, it->second->owner)) {
+    *status = Error(grpc::StatusCode::PERMISSION_DENIED,
+                    "session '" + session_id + "' belongs to another client; its calls need the token of the "
+                    "client that created it or an admin token");
+    return nullptr;
+  }
   return it->second;
 }
 
-grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string& session_id,
+void TrainerService::BeginDrain() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  draining_ = true;
+}
+
+bool TrainerService::WaitForCalls(std::chrono::system_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  return calls_done_.wait_until(lock, deadline, [this] { return calls_in_flight_ == 0; });
+}
+
+int64_t TrainerService::calls_in_flight() const {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  return calls_in_flight_;
+}
+
+grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method) {
+  const bool late = std::chrono::system_clock::now() >= ctx->deadline();
+  if (!late && !ctx->IsCancelled()) return grpc::Status::OK;
+  tigon::Status dropped = entry->session->DiscardGradients();
+  RefreshInfo(entry);
+  if (!dropped.ok()) {
+    // The gradients stay: finishing the step keeps the session consistent, and a retry with the same
+    // request_id gets its result.
+    spdlog::warn("session {} {}: the caller gave up, but the step goes on: {}", entry->id, method, dropped.message());
+    return grpc::Status::OK;
+  }
+  spdlog::info("session {} {}: the caller gave up during the backward pass; its gradients were dropped, no "
+               "update applied", entry->id, method);
+  return late ? Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      "the deadline passed during the forward and backward pass; the step was not applied")
+              : Error(grpc::StatusCode::CANCELLED,
+                      "the call was cancelled during the forward and backward pass; the step was not applied");
+}
+
+grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string& session_id, const Caller& caller,
                                      std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock) {
   grpc::Status status;
-  *entry = Find(session_id, &status);
+  *entry = Find(session_id, caller, &status);
   if (*entry == nullptr) return status;
   const auto deadline = ctx->deadline();
   std::unique_lock<std::timed_mutex> step_lock((*entry)->step_mu, std::defer_lock);
@@ -183,6 +252,11 @@ grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string
   (*entry)->last_used_ns = NowNs();
   *lock = std::move(step_lock);
   return grpc::Status::OK;
+}
+
+int64_t TrainerService::PendingBatches(const SessionEntry& entry) {
+  std::lock_guard<std::mutex> lock(entry.info_mu);
+  return entry.info.accumulated_batches;
 }
 
 void TrainerService::RefreshInfo(SessionEntry* entry) {
@@ -282,10 +356,11 @@ void TrainerService::ReleaseSessionSlot() {
 
 grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
                                            v1::SessionInfo* response) {
-  return Handle("CreateSession", ctx, [&]() -> grpc::Status {
+  return Handle("CreateSession", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::SessionOptions options;
     const int device_count = static_cast<int>(engine_.list_devices().size());
-    grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options);
+    grpc::Status status =
+        ValidateCreateSession(*request, engine_.model_families, device_count, &options, config_.max_parameters);
     if (!status.ok()) return status;
     status = ReserveSessionSlot();
     if (!status.ok()) return status;
@@ -314,6 +389,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
                  : Error(grpc::StatusCode::CANCELLED, "the call was cancelled while the session was created");
     }
     auto entry = std::make_shared<SessionEntry>();
+    entry->owner = caller.name;
     entry->session = std::move(session);
     RefreshInfo(entry.get());
     entry->vocab_size = entry->info.vocab_size;
@@ -336,9 +412,9 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
 
 grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
                                         v1::SessionInfo* response) {
-  return Handle("GetSession", ctx, [&]() -> grpc::Status {
+  return Handle("GetSession", ctx, [&](const Caller& caller) -> grpc::Status {
     grpc::Status status;
-    auto entry = Find(request->session_id(), &status);
+    auto entry = Find(request->session_id(), caller, &status);
     if (entry == nullptr) return status;
     entry->last_used_ns = NowNs();
     ToProto(*entry, response);
@@ -348,11 +424,13 @@ grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetS
 
 grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
                                           v1::ListSessionsResponse* response) {
-  return Handle("ListSessions", ctx, [&]() -> grpc::Status {
+  return Handle("ListSessions", ctx, [&](const Caller& caller) -> grpc::Status {
     std::vector<std::shared_ptr<SessionEntry>> entries;
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
-      for (const auto& [id, entry] : sessions_) entries.push_back(entry);
+      for (const auto& [id, entry] : sessions_) {
+        if (MayUseSession(caller, entry->owner)) entries.push_back(entry);  // a user sees only its own
+      }
     }
     for (const auto& entry : entries) ToProto(*entry, response->add_sessions());
     return grpc::Status::OK;
@@ -361,9 +439,9 @@ grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::Li
 
 grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* request,
                                           v1::CloseSessionResponse*) {
-  return Handle("CloseSession", ctx, [&]() -> grpc::Status {
+  return Handle("CloseSession", ctx, [&](const Caller& caller) -> grpc::Status {
     grpc::Status status;
-    auto entry = Find(request->session_id(), &status);
+    auto entry = Find(request->session_id(), caller, &status);
     if (entry == nullptr) return status;
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
@@ -383,10 +461,10 @@ grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::Cl
 
 // ---- steps ----------------------------------------------------------------------------------------
 
-grpc::Status TrainerService::PrepareBatch(const std::string& session_id, bool has_batch, const v1::Batch& batch,
-                                          tigon::Batch* out) const {
+grpc::Status TrainerService::PrepareBatch(const std::string& session_id, const Caller& caller, bool has_batch,
+                                          const v1::Batch& batch, tigon::Batch* out) const {
   grpc::Status status;
-  auto found = Find(session_id, &status);
+  auto found = Find(session_id, caller, &status);
   if (found == nullptr) return status;
   if (!has_batch) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
   status = ValidateBatch(batch, {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
@@ -423,17 +501,23 @@ grpc::Status TrainerService::FinishStep(SessionEntry* entry, const char* method,
 
 grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
                                              v1::StepResult* response) {
-  return Handle("ForwardBackward", ctx, [&]() -> grpc::Status {
+  return Handle("ForwardBackward", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
+    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
+    const bool first_of_step = PendingBatches(*entry) == 0;
     tigon::StepStats stats;
     tigon::Status engine_status = entry->session->ForwardBackward(batch, &stats);
+    // Gradients added to earlier pending ones cannot be taken back alone; the first ones can.
+    if (engine_status.ok() && first_of_step) {
+      status = AbandonIfUnwanted(ctx, entry.get(), "ForwardBackward");
+      if (!status.ok()) return status;
+    }
     status = FinishStep(entry.get(), "ForwardBackward", engine_status, stats, nullptr, response);
     if (!status.ok()) return status;
     spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss, stats.tokens,
@@ -444,12 +528,14 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
 
 grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::OptimStepRequest* request,
                                        v1::StepResult* response) {
-  return Handle("OptimStep", ctx, [&]() -> grpc::Status {
-    grpc::Status status = ValidateOptimizerSettings(request->optimizer());
+  return Handle("OptimStep", ctx, [&](const Caller& caller) -> grpc::Status {
+    grpc::Status status;
+    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
+    status = ValidateOptimizerSettings(request->optimizer());
     if (!status.ok()) return status;
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
     const std::string& request_id = request->request_id();
     if (Replay(*entry, request_id, "OptimStep", response, &status)) return status;
@@ -472,21 +558,45 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
 
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* request,
                                        v1::StepResult* response) {
-  return Handle("TrainStep", ctx, [&]() -> grpc::Status {
+  return Handle("TrainStep", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
+    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
     status = ValidateOptimizerSettings(request->optimizer());
     if (!status.ok()) return status;
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
     const std::string& request_id = request->request_id();
     if (Replay(*entry, request_id, "TrainStep", response, &status)) return status;
     tigon::StepStats stats;
-    tigon::Status engine_status = entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
+    tigon::Status engine_status;
+    bool in_backward = false;
+    {
+      std::lock_guard<std::mutex> info_lock(entry->info_mu);
+      in_backward = entry->info.optimizer_in_backward;
+    }
+    if (PendingBatches(*entry) == 0 && !in_backward) {
+      // Two engine calls instead of one, so that a call whose deadline passed during the (long) forward
+      // and backward pass is not applied: its gradients are dropped before the optimizer update.
+      // (With optimizer_in_backward the update happens inside backward: one engine call.)
+      tigon::StepStats optim;
+      engine_status = entry->session->ForwardBackward(batch, &stats);
+      if (engine_status.ok()) {
+        status = AbandonIfUnwanted(ctx, entry.get(), "TrainStep");
+        if (!status.ok()) return status;
+        engine_status = entry->session->OptimStep(ToEngineOverrides(request->optimizer()), &optim);
+        if (!engine_status.ok() && entry->session->Info().accumulated_batches > 0) {
+          entry->session->DiscardGradients();  // "on failure nothing is applied", as in the engine's TrainStep
+        }
+      }
+      if (engine_status.ok()) MergeTrainStepStats(optim, &stats);
+    } else {
+      // Gradients from earlier ForwardBackward calls join this step (the engine's TrainStep semantics).
+      engine_status = entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
+    }
     status = FinishStep(entry.get(), "TrainStep", engine_status, stats, &request_id, response);
     if (!status.ok()) return status;
     spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id, stats.step,
@@ -497,14 +607,14 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
 
 grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::ForwardRequest* request,
                                      v1::ForwardResponse* response) {
-  return Handle("Forward", ctx, [&]() -> grpc::Status {
+  return Handle("Forward", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), request->has_batch(), request->batch(), &batch);
+    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
     if (!status.ok()) return status;
 
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
     const auto start = Clock::now();
     tigon::ForwardResult result;
@@ -527,13 +637,15 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
 
 grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  return Handle("SaveCheckpoint", ctx, [&]() -> grpc::Status {
+  return Handle("SaveCheckpoint", ctx, [&](const Caller& caller) -> grpc::Status {
+    grpc::Status status;
+    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
     std::string absolute, relative;
-    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
+    status = checkpoints_.Resolve(request->path(), &absolute, &relative);
     if (!status.ok()) return status;
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(absolute).parent_path(), ec);
@@ -558,9 +670,11 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
 
 grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::LoadCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  return Handle("LoadCheckpoint", ctx, [&]() -> grpc::Status {
+  return Handle("LoadCheckpoint", ctx, [&](const Caller& caller) -> grpc::Status {
+    grpc::Status status;
+    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
     std::string absolute, relative;
-    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
+    status = checkpoints_.Resolve(request->path(), &absolute, &relative);
     if (!status.ok()) return status;
     std::error_code ec;
     if (!std::filesystem::is_directory(absolute, ec)) {
@@ -568,7 +682,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
     }
     std::shared_ptr<SessionEntry> entry;
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), &entry, &lock);
+    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
     if (!status.ok()) return status;
     const auto start = Clock::now();
     tigon::Status engine_status = entry->session->LoadCheckpoint(absolute);
@@ -591,7 +705,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
 
 grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest*,
                                            v1::ServerInfo* response) {
-  return Handle("GetServerInfo", ctx, [&]() -> grpc::Status {
+  return Handle("GetServerInfo", ctx, [&](const Caller& caller) -> grpc::Status {
     response->set_version(config_.version);
     response->set_engine_version(engine_.engine_version);
     for (const auto& family : engine_.model_families) response->add_model_families(family);
@@ -622,9 +736,9 @@ namespace tigon::server {
 
 grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::MeasureSavingsRequest* request,
                                             v1::MeasureSavingsResponse* response) {
-  return Handle("MeasureSavings", ctx, [&]() -> grpc::Status {
+  return Handle("MeasureSavings", ctx, [&](const Caller& caller) -> grpc::Status {
     grpc::Status status;
-    auto entry = Find(request->session_id(), &status);
+    auto entry = Find(request->session_id(), caller, &status);
     if (entry == nullptr) return status;
     // Random tokens of the requested shape, checked like any batch (limits included).
     const BatchLimits limits{entry->vocab_size, entry->max_position_embeddings, config_.max_batch_tokens};

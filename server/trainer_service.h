@@ -35,6 +35,8 @@ struct ServiceConfig {
   std::string version;  // the server's own version
   // Sessions without a call for this long are closed (their creator is presumed gone); 0 = never.
   double session_idle_timeout_seconds = 0.0;
+  // Largest model CreateSession builds (estimated from its config); 0 = no limit.
+  int64_t max_parameters = 0;
 };
 
 class TrainerService final : public v1::Trainer::Service {
@@ -79,9 +81,16 @@ class TrainerService final : public v1::Trainer::Service {
   int CloseIdleSessions();
   int64_t active_sessions() const;
 
+  // Shutdown, first half: from now on every new call is answered UNAVAILABLE; calls already admitted
+  // run to their end. WaitForCalls then waits until none is left or `deadline` passes (true: none left).
+  void BeginDrain();
+  bool WaitForCalls(std::chrono::system_clock::time_point deadline);
+  int64_t calls_in_flight() const;
+
  private:
   struct SessionEntry {
     std::string id;
+    std::string owner;                        // the caller name that created it (fixed)
     std::timed_mutex step_mu;                 // held for every engine call on this session
     std::unique_ptr<tigon::Session> session;  // guarded by step_mu
     bool closed = false;                      // guarded by step_mu
@@ -95,9 +104,12 @@ class TrainerService final : public v1::Trainer::Service {
     mutable std::mutex info_mu;
     tigon::SessionInfo info;  // guarded by info_mu; refreshed after every engine call
   };
-  // Runs `body` after the authorization check; turns exceptions into INTERNAL and records the call.
-  grpc::Status Handle(const char* method, grpc::ServerContext* ctx, const std::function<grpc::Status()>& body);
-  std::shared_ptr<SessionEntry> Find(const std::string& session_id, grpc::Status* status) const;
+  // Runs `body` with the authenticated caller (UNAVAILABLE once draining); turns exceptions into
+  // INTERNAL and records the call.
+  grpc::Status Handle(const char* method, grpc::ServerContext* ctx,
+                      const std::function<grpc::Status(const Caller&)>& body);
+  // The session, if it exists (NOT_FOUND) and `caller` may use it (PERMISSION_DENIED).
+  std::shared_ptr<SessionEntry> Find(const std::string& session_id, const Caller& caller, grpc::Status* status) const;
   // A request_id seen before on this session: sets `status` (the first result, replayed, or
   // INVALID_ARGUMENT when the id was used by another method) and returns true.
   bool Replay(SessionEntry& entry, const std::string& request_id, const char* method, v1::StepResult* response,
@@ -107,13 +119,19 @@ class TrainerService final : public v1::Trainer::Service {
   grpc::Status FinishStep(SessionEntry* entry, const char* method, const tigon::Status& engine_status,
                           const tigon::StepStats& stats, const std::string* request_id, v1::StepResult* response);
   // Before any lock: the session exists, the request has a batch that is valid for its model; converted.
-  grpc::Status PrepareBatch(const std::string& session_id, bool has_batch, const v1::Batch& batch,
-                            tigon::Batch* out) const;
+  grpc::Status PrepareBatch(const std::string& session_id, const Caller& caller, bool has_batch,
+                            const v1::Batch& batch, tigon::Batch* out) const;
   // Takes the session's step lock, giving up when the call's deadline passes first; then checks that
   // the session is still open and that the call is still wanted (not cancelled, deadline not passed).
-  grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id, std::shared_ptr<SessionEntry>* entry,
-                       std::unique_lock<std::timed_mutex>* lock);
+  grpc::Status Acquire(grpc::ServerContext* ctx, const std::string& session_id, const Caller& caller,
+                       std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock);
+  // After the backward pass of a step that started without pending gradients: when the call is no
+  // longer wanted (deadline passed, cancelled), drops the step's gradients and returns the status
+  // that says nothing was applied; OK otherwise.
+  grpc::Status AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method);
   void RefreshInfo(SessionEntry* entry);
+  // Forward-backward calls whose gradients wait for an optimizer step (from the last refreshed info).
+  static int64_t PendingBatches(const SessionEntry& entry);
   grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
   void ToProto(const SessionEntry& entry, v1::SessionInfo* out) const;
   std::string NewSessionId();
@@ -135,6 +153,11 @@ class TrainerService final : public v1::Trainer::Service {
   std::condition_variable reaper_wake_;
   bool stopping_ = false;  // guarded by reaper_mu_
   std::thread reaper_;     // closes idle sessions when session_idle_timeout_seconds > 0
+
+  mutable std::mutex calls_mu_;
+  std::condition_variable calls_done_;
+  int64_t calls_in_flight_ = 0;  // guarded by calls_mu_
+  bool draining_ = false;        // guarded by calls_mu_
 };
 
 }  // namespace tigon::server

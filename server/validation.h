@@ -36,8 +36,16 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& setting
 
 // Checks a CreateSessionRequest against the engine's model families and the device count, and
 // fills the engine's options. NOT_FOUND for a model folder that does not exist.
+// With max_parameters > 0, a model whose estimated size is larger is RESOURCE_EXHAUSTED before anything
+// is allocated (a hostile or mistyped config must not make the server try to allocate terabytes).
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
-                                   tigon::SessionOptions* options);
+                                   tigon::SessionOptions* options, int64_t max_parameters = 0);
+
+// The parameter count of a decoder described by a Hugging Face config (embeddings, attention, MLP,
+// norms, an untied output head; biases left out), in floating point so that absurd sizes do not
+// overflow. Negative when the sizes it needs are missing or not positive integers (the engine then
+// refuses the config with a precise message).
+double EstimateParameterCount(const std::string& config_json);
 
 }  // namespace tigon::server

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 namespace tigon::server {
 namespace {
@@ -71,6 +73,41 @@ TEST(CheckpointRoot, DisabledIsFailedPrecondition) {
   auto status = disabled.Resolve("x", &absolute, &relative);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(status.error_message().find("--checkpoint-root"), std::string::npos);
+}
+
+
+TEST_F(CheckpointRootTest, TemporaryFoldersOfUnfinishedSavesAreNotCheckpoints) {
+  int64_t pid = 0;
+  EXPECT_TRUE(CheckpointRoot::IsTemporaryName("step-4.tmp-1234-0", &pid));
+  EXPECT_EQ(pid, 1234);
+  for (const char* name : {"step-4", "step-4.tmp", "step-4.tmp-12", "step-4.tmp-a-0", ".tmp-1-2", "x.tmp-1-2b"}) {
+    EXPECT_FALSE(CheckpointRoot::IsTemporaryName(name)) << name;
+  }
+  EXPECT_EQ(Resolve("run/step-4.tmp-1234-0").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Resolve("run.tmp-1-0/step-4").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Resolve("run/step-4.tmp").ok());
+}
+
+TEST_F(CheckpointRootTest, StaleTemporariesAreRemovedLiveOnesAndCheckpointsKept) {
+  const fs::path root = fs::canonical(base_ / "root");
+  // pid 2^22 + 1 is above Linux's largest pid (pid_max <= 2^22): no such process runs.
+  const std::string dead = ".tmp-" + std::to_string((1 << 22) + 1) + "-0";
+  const std::string live = ".tmp-" + std::to_string(::getpid()) + "-3";
+  fs::create_directories(root / "run" / "step-1");
+  fs::create_directories(root / "run" / ("step-2" + dead));
+  std::ofstream(root / "run" / ("step-2" + dead) / "model.safetensors") << "half";
+  fs::create_directories(root / ("top" + dead));
+  fs::create_directories(root / "run" / ("step-3" + live));
+  auto removed = root_.RemoveStaleTemporaries();
+  std::sort(removed.begin(), removed.end());
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_EQ(removed[0], "run/step-2" + dead);
+  EXPECT_EQ(removed[1], "top" + dead);
+  EXPECT_FALSE(fs::exists(root / "run" / ("step-2" + dead)));
+  EXPECT_FALSE(fs::exists(root / ("top" + dead)));
+  EXPECT_TRUE(fs::exists(root / "run" / "step-1"));
+  EXPECT_TRUE(fs::exists(root / "run" / ("step-3" + live))) << "a running process may still be writing it";
+  EXPECT_TRUE(root_.RemoveStaleTemporaries().empty());
 }
 
 }  // namespace

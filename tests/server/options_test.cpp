@@ -80,5 +80,38 @@ TEST(ServerOptions, HelpNamesEveryFlag) {
   EXPECT_EQ(testing::internal::GetCapturedStdout(), help);
 }
 
+
+TEST(ServerOptions, TlsFlagsGoTogether) {
+  ServerOptions options;
+  std::string error;
+  ASSERT_EQ(Parse({"--tls-cert=/c.pem", "--tls-key", "/k.pem", "--tls-client-ca=/ca.pem", "--max-parameters=5000"},
+                  &options, &error),
+            ParseOutcome::kRun)
+      << error;
+  EXPECT_EQ(options.tls_cert, "/c.pem");
+  EXPECT_EQ(options.tls_key, "/k.pem");
+  EXPECT_EQ(options.tls_client_ca, "/ca.pem");
+  EXPECT_EQ(options.max_parameters, 5000);
+  EXPECT_EQ(ServerOptions().max_parameters, 100'000'000'000) << "on by default, past one GPU's reach";
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--tls-cert=/c.pem"}, "--tls-key"},
+      {{"--tls-key=/k.pem"}, "--tls-cert"},
+      {{"--tls-client-ca=/ca.pem"}, "--tls-client-ca"},
+      {{"--tls-cert="}, "--tls-cert"},
+      {{"--max-parameters=-1"}, "--max-parameters"},
+  };
+  for (const auto& [args, fragment] : bad) {
+    ServerOptions o;
+    std::string e;
+    EXPECT_EQ(Parse(args, &o, &e), ParseOutcome::kExitError) << args[0];
+    EXPECT_NE(e.find(fragment), std::string::npos) << e;
+  }
+  const std::string help = HelpText();
+  for (const char* flag : {"--tls-cert", "--tls-key", "--tls-client-ca", "--max-parameters"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+}
+
 }  // namespace
 }  // namespace tigon::server

@@ -20,9 +20,11 @@ using namespace std::chrono_literals;
 // What the fake sessions did, shared with the test.
 struct FakeEngine {
   std::atomic<int> sessions_created{0};
-  std::atomic<int> train_steps{0};
+  std::atomic<int> train_steps{0};  // engine TrainStep calls
   std::atomic<int> forward_backwards{0};
   std::atomic<int> optim_steps{0};
+  std::atomic<int> updates{0};  // optimizer updates applied, by TrainStep or OptimStep
+  std::atomic<int> discards{0};
   std::atomic<int> running{0};
   std::atomic<int> most_running{0};
   std::atomic<int> step_sleep_ms{0};
@@ -56,15 +58,16 @@ class FakeSession : public tigon::Session {
     return Run([&] {
       ++engine_->forward_backwards;
       ++accumulated_;
-      stats->loss = 2.5;
+      stats->loss = 3.0 / (step_ + 1);
       stats->tokens = batch.batch * (batch.seq_len - 1);
       stats->accumulated_batches = accumulated_;
     });
   }
   tigon::Status OptimStep(const tigon::OptimizerOverrides& overrides, tigon::StepStats* stats) override {
     if (accumulated_ == 0) return {tigon::StatusCode::kFailedPrecondition, "engine: no gradients"};
-    return Run([&] {
+    return Run(/*sleep=*/false, [&] {
       ++engine_->optim_steps;
+      ++engine_->updates;
       accumulated_ = 0;
       stats->step = ++step_;
       stats->lr = overrides.lr.value_or(options_.optimizer.lr);
@@ -75,6 +78,8 @@ class FakeSession : public tigon::Session {
                           tigon::StepStats* stats) override {
     return Run([&] {
       ++engine_->train_steps;
+      ++engine_->updates;
+      accumulated_ = 0;
       stats->step = ++step_;
       stats->loss = 3.0 / step_;
       stats->tokens = batch.batch * (batch.seq_len - 1);
@@ -92,6 +97,11 @@ class FakeSession : public tigon::Session {
       result->logprobs.assign(batch.input_ids.size(), -0.25f);
     });
   }
+  tigon::Status DiscardGradients() override {
+    ++engine_->discards;
+    accumulated_ = 0;
+    return {};
+  }
   tigon::Status SaveCheckpoint(const std::string& dir) override {
     std::lock_guard<std::mutex> lock(engine_->mu);
     engine_->saved.push_back(dir);
@@ -108,11 +118,16 @@ class FakeSession : public tigon::Session {
  private:
   template <typename F>
   tigon::Status Run(F apply) {
+    return Run(/*sleep=*/true, apply);
+  }
+  // The step_sleep_ms stands for the forward and backward pass: the optimizer update does not sleep.
+  template <typename F>
+  tigon::Status Run(bool sleep, F apply) {
     int now = ++engine_->running;
     int seen = engine_->most_running.load();
     while (now > seen && !engine_->most_running.compare_exchange_weak(seen, now)) {
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(engine_->step_sleep_ms.load()));
+    if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(engine_->step_sleep_ms.load()));
     --engine_->running;
     if (engine_->throw_next.exchange(false)) throw std::runtime_error("fake engine exploded");
     {
@@ -326,7 +341,7 @@ TEST_F(TrainerServiceTest, RetriedRequestIdIsAnsweredWithoutApplyingAgain) {
   v1::StepResult first, retry, other;
   ASSERT_TRUE(Train(id, &first, "req-1").ok());
   ASSERT_TRUE(Train(id, &retry, "req-1").ok());
-  EXPECT_EQ(engine_.train_steps, 1);
+  EXPECT_EQ(engine_.updates, 1);
   EXPECT_FALSE(first.replayed());
   EXPECT_TRUE(retry.replayed());
   EXPECT_EQ(retry.step(), first.step());
@@ -335,7 +350,7 @@ TEST_F(TrainerServiceTest, RetriedRequestIdIsAnsweredWithoutApplyingAgain) {
   EXPECT_EQ(other.step(), 2);
   ASSERT_TRUE(Train(id, &other).ok());  // no id: always applied
   ASSERT_TRUE(Train(id, &other).ok());
-  EXPECT_EQ(engine_.train_steps, 4);
+  EXPECT_EQ(engine_.updates, 4);
 
   // The same id on another method is a client bug, not a retry.
   grpc::ClientContext ctx;
@@ -398,7 +413,8 @@ TEST_F(TrainerServiceTest, BadBatchesNeverReachTheEngine) {
   no_batch.set_session_id(id);
   grpc::ClientContext ctx;
   EXPECT_EQ(stub_->TrainStep(&ctx, no_batch, &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(engine_.train_steps, 0);
+  EXPECT_EQ(engine_.updates, 0);
+  EXPECT_EQ(engine_.forward_backwards, 0);
   EXPECT_EQ(Train("s-nope", &result).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Train("", &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
@@ -430,7 +446,7 @@ TEST_F(TrainerServiceTest, DeadlinePassingWhileQueuedAppliesNothing) {
   ASSERT_TRUE(slow_status.ok()) << slow_status.error_message();
   engine_.step_sleep_ms = 0;
   std::this_thread::sleep_for(100ms);
-  EXPECT_EQ(engine_.train_steps, 1);
+  EXPECT_EQ(engine_.updates, 1);
   // The id of the refused call was not remembered: a retry is applied.
   ASSERT_TRUE(Train(id, &result, "queued").ok());
   EXPECT_FALSE(result.replayed());
@@ -504,7 +520,7 @@ TEST_F(TrainerServiceTest, CloseWaitsForTheRunningStep) {
   ASSERT_TRUE(stub_->CloseSession(&ctx, request, &response).ok());
   step.join();
   EXPECT_TRUE(step_status.ok());
-  EXPECT_EQ(engine_.train_steps, 1);
+  EXPECT_EQ(engine_.updates, 1);
   EXPECT_NE(metrics_.Render().find("tigon_active_sessions 0"), std::string::npos);
 }
 
@@ -528,6 +544,14 @@ TEST_F(TrainerServiceTest, CheckpointsStayInsideTheRoot) {
   Start();
   const std::string id = Create();
   v1::CheckpointResponse response;
+  for (const char* temporary : {"run/a.tmp-123-0", "run.tmp-9-1/a"}) {
+    grpc::ClientContext ctx;
+    v1::SaveCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path(temporary);
+    EXPECT_EQ(stub_->SaveCheckpoint(&ctx, request, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << temporary;
+  }
   {
     grpc::ClientContext ctx;
     v1::SaveCheckpointRequest request;
@@ -644,6 +668,260 @@ TEST_F(TrainerServiceTest, MeasureSavingsRunsTemporaryTwinsAndLeavesTheSessionAl
   request.set_seq_len(16);
   grpc::ClientContext full;
   EXPECT_EQ(stub_->MeasureSavings(&full, request, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+
+// Practice: Tinker and multi-tenant serving systems scope a training run to the key that created it;
+// gRPC's authentication guide separates "who are you" (UNAUTHENTICATED) from "may you" (PERMISSION_DENIED).
+TEST_F(TrainerServiceTest, SessionsBelongToTheirCreatorOrAnAdmin) {
+  Start({}, TokenAuthenticator({{"alice-token", {"alice", false}},
+                                {"alice-next", {"alice", false}},
+                                {"bob-token", {"bob", false}},
+                                {"root-token", {"root", true}}}));
+  auto with = [](grpc::ClientContext* ctx, const char* token) {
+    ctx->AddMetadata("authorization", std::string("Bearer ") + token);
+  };
+  std::string id;
+  {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    grpc::ClientContext ctx;
+    with(&ctx, "alice-token");
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->CreateSession(&ctx, request, &info).ok());
+    id = info.session_id();
+  }
+  auto train = [&](const char* token) {
+    v1::TrainStepRequest request;
+    request.set_session_id(id);
+    *request.mutable_batch() = Batch();
+    grpc::ClientContext ctx;
+    with(&ctx, token);
+    v1::StepResult result;
+    return stub_->TrainStep(&ctx, request, &result).error_code();
+  };
+  auto get = [&](const char* token) {
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    grpc::ClientContext ctx;
+    with(&ctx, token);
+    v1::SessionInfo info;
+    return stub_->GetSession(&ctx, request, &info).error_code();
+  };
+  auto listed = [&](const char* token) {
+    grpc::ClientContext ctx;
+    with(&ctx, token);
+    v1::ListSessionsResponse list;
+    EXPECT_TRUE(stub_->ListSessions(&ctx, {}, &list).ok());
+    return list.sessions_size();
+  };
+  // Another user: refused on every session call, and the engine never sees the call.
+  EXPECT_EQ(train("bob-token"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(get("bob-token"), grpc::StatusCode::PERMISSION_DENIED);
+  {
+    v1::ForwardRequest request;
+    request.set_session_id(id);
+    *request.mutable_batch() = Batch();
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::ForwardResponse response;
+    EXPECT_EQ(stub_->Forward(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    v1::ForwardBackwardRequest request;
+    request.set_session_id(id);
+    *request.mutable_batch() = Batch();
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::StepResult response;
+    EXPECT_EQ(stub_->ForwardBackward(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    v1::OptimStepRequest request;
+    request.set_session_id(id);
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::StepResult response;
+    EXPECT_EQ(stub_->OptimStep(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    v1::SaveCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_path("bob-was-here");
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::CheckpointResponse response;
+    EXPECT_EQ(stub_->SaveCheckpoint(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    v1::MeasureSavingsRequest request;
+    request.set_session_id(id);
+    request.set_batch(1);
+    request.set_seq_len(8);
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::MeasureSavingsResponse response;
+    EXPECT_EQ(stub_->MeasureSavings(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    v1::CloseSessionRequest request;
+    request.set_session_id(id);
+    grpc::ClientContext ctx;
+    with(&ctx, "bob-token");
+    v1::CloseSessionResponse response;
+    EXPECT_EQ(stub_->CloseSession(&ctx, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(engine_.forward_backwards, 0);
+  EXPECT_EQ(engine_.updates, 0);
+  EXPECT_TRUE(engine_.saved.empty());
+  EXPECT_EQ(listed("bob-token"), 0) << "a user lists only its own sessions";
+  // The creator, under either of its tokens (a rotation), and an admin may use it.
+  EXPECT_EQ(train("alice-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(train("alice-next"), grpc::StatusCode::OK);
+  EXPECT_EQ(train("root-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(get("root-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(listed("alice-next"), 1);
+  EXPECT_EQ(listed("root-token"), 1);
+  EXPECT_EQ(engine_.updates, 3);
+  // An unknown session stays NOT_FOUND for everyone.
+  id = "s-0000000000000000";
+  EXPECT_EQ(get("bob-token"), grpc::StatusCode::NOT_FOUND);
+}
+
+// Practice: gRPC's deadline guidance — the server checks the deadline before committing work, so a
+// caller that got DEADLINE_EXCEEDED can retry without the step having been applied.
+TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) {
+  Start();
+  const std::string id = Create();
+  engine_.step_sleep_ms = 500;  // the forward and backward pass
+  v1::StepResult result;
+  auto status = Train(id, &result, "late", 150ms);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  std::this_thread::sleep_for(600ms);  // the server finishes the pass it started
+  EXPECT_EQ(engine_.forward_backwards, 1);
+  EXPECT_EQ(engine_.discards, 1);
+  EXPECT_EQ(engine_.updates, 0);
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->GetSession(&ctx, request, &info).ok());
+    EXPECT_EQ(info.step(), 0);
+    EXPECT_EQ(info.accumulated_batches(), 0);
+  }
+  // Not remembered as done: the retry with the same id is applied, once.
+  engine_.step_sleep_ms = 0;
+  ASSERT_TRUE(Train(id, &result, "late").ok());
+  EXPECT_FALSE(result.replayed());
+  EXPECT_EQ(result.step(), 1);
+  EXPECT_DOUBLE_EQ(result.loss(), 3.0);
+  EXPECT_EQ(engine_.updates, 1);
+
+  // ForwardBackward alone: its gradients are dropped too when they are the first pending ones.
+  engine_.step_sleep_ms = 500;
+  v1::ForwardBackwardRequest fb;
+  fb.set_session_id(id);
+  *fb.mutable_batch() = Batch();
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 150ms);
+    EXPECT_EQ(stub_->ForwardBackward(&ctx, fb, &result).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(engine_.discards, 2);
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub_->GetSession(&ctx, request, &info).ok());
+    EXPECT_EQ(info.accumulated_batches(), 0);
+  }
+}
+
+TEST_F(TrainerServiceTest, ATrainStepJoiningPendingGradientsIsOneEngineStep) {
+  Start();
+  const std::string id = Create();
+  v1::ForwardBackwardRequest fb;
+  fb.set_session_id(id);
+  *fb.mutable_batch() = Batch();
+  v1::StepResult result;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ForwardBackward(&ctx, fb, &result).ok());
+  }
+  ASSERT_TRUE(Train(id, &result).ok());
+  EXPECT_EQ(result.step(), 1);
+  EXPECT_EQ(engine_.train_steps, 1) << "the pending gradients join the step inside the engine";
+  ASSERT_TRUE(Train(id, &result).ok());
+  EXPECT_EQ(engine_.train_steps, 1) << "without pending gradients: ForwardBackward, deadline check, OptimStep";
+  EXPECT_EQ(engine_.optim_steps, 1);
+  EXPECT_EQ(result.step(), 2);
+  EXPECT_EQ(result.accumulated_batches(), 0);
+}
+
+// Practice: Tinker/Stripe-style idempotency keys — a request racing its own retry is applied once.
+TEST_F(TrainerServiceTest, TwoIdenticalRequestsRacingAreAppliedOnce) {
+  Start();
+  const std::string id = Create();
+  engine_.step_sleep_ms = 200;
+  v1::StepResult a, b;
+  grpc::Status sa, sb;
+  std::thread ta([&] { sa = Train(id, &a, "same-id"); });
+  std::thread tb([&] { sb = Train(id, &b, "same-id"); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(sa.ok() && sb.ok()) << sa.error_message() << sb.error_message();
+  EXPECT_EQ(engine_.updates, 1);
+  EXPECT_EQ(engine_.forward_backwards, 1);
+  EXPECT_NE(a.replayed(), b.replayed()) << "one applied, the other answered from the first";
+  EXPECT_EQ(a.step(), 1);
+  EXPECT_EQ(b.step(), 1);
+  EXPECT_DOUBLE_EQ(a.loss(), b.loss());
+}
+
+// Practice: Kubernetes/Triton graceful shutdown — readiness goes first, in-flight work finishes.
+TEST_F(TrainerServiceTest, DrainRefusesNewCallsAndWaitsForRunningOnes) {
+  Start();
+  const std::string id = Create();
+  engine_.step_sleep_ms = 600;
+  v1::StepResult result;
+  grpc::Status step_status;
+  std::thread step([&] { step_status = Train(id, &result); });
+  std::this_thread::sleep_for(150ms);
+  service_->BeginDrain();
+  EXPECT_EQ(service_->calls_in_flight(), 1);
+  {
+    grpc::ClientContext ctx;
+    v1::ServerInfo info;
+    auto status = stub_->GetServerInfo(&ctx, {}, &info);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_NE(status.error_message().find("shutting down"), std::string::npos);
+  }
+  EXPECT_FALSE(service_->WaitForCalls(std::chrono::system_clock::now() + 50ms)) << "the step still runs";
+  EXPECT_TRUE(service_->WaitForCalls(std::chrono::system_clock::now() + 5s));
+  step.join();
+  EXPECT_TRUE(step_status.ok()) << step_status.error_message();
+  EXPECT_EQ(result.step(), 1);
+  EXPECT_EQ(service_->calls_in_flight(), 0);
+}
+
+TEST_F(TrainerServiceTest, AModelOverMaxParametersIsRefusedBeforeTheEngine) {
+  ServiceConfig config;
+  config.max_parameters = 1'000'000;
+  Start(config);
+  v1::CreateSessionRequest request;
+  request.set_config_json(
+      R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 1000000000, "intermediate_size": 64,
+          "num_hidden_layers": 2, "num_attention_heads": 4})");
+  grpc::ClientContext ctx;
+  v1::SessionInfo info;
+  auto status = stub_->CreateSession(&ctx, request, &info);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("--max-parameters"), std::string::npos) << status.error_message();
+  EXPECT_EQ(engine_.sessions_created, 0);
+  EXPECT_FALSE(Create().empty()) << "a config without sizes goes to the engine, which judges it";
 }
 
 }  // namespace

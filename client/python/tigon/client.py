@@ -15,7 +15,8 @@ _OPTIMIZER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_no
 _HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
-def connect(address, token=None, *, timeout=None, retries=0):
+def connect(address, token=None, *, timeout=None, retries=0, tls=False, root_cert=None, client_cert=None,
+            client_key=None, server_name=None):
     """A client for the tigon-server at HOST:PORT.
 
     token: sent as `authorization: Bearer <token>` on every call (servers started with
@@ -24,8 +25,26 @@ def connect(address, token=None, *, timeout=None, retries=0):
       `timeout=`.
     retries: how many times a call that is safe to repeat is retried when the server is UNAVAILABLE
       (train_step/optim_step carry a request id, so a retry is never applied twice).
+    tls: speak TLS to a server started with --tls-cert (implied by any of the next three).
+    root_cert: PEM file (path or bytes) of the CA that signed the server's certificate (default: the
+      system's roots).
+    client_cert, client_key: PEM certificate chain and private key (paths or bytes) presented to a
+      server started with --tls-client-ca (mutual TLS).
+    server_name: the name to check the server's certificate against when it differs from HOST.
     """
-    return Client(address, token=token, timeout=timeout, retries=retries)
+    return Client(address, token=token, timeout=timeout, retries=retries, tls=tls, root_cert=root_cert,
+                  client_cert=client_cert, client_key=client_key, server_name=server_name)
+
+
+def _pem(value, what):
+    """PEM bytes from bytes or a file path (None stays None)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        with open(os.fspath(value), "rb") as f:
+            return f.read()
+    except OSError as error:
+        raise InvalidArgument(f"cannot read the {what} '{value}': {error.strerror}") from None
 
 
 def _optimizer_message(message, settings, where):
@@ -89,7 +108,8 @@ class Future:
 
 
 class Client:
-    def __init__(self, address, token=None, timeout=None, retries=0):
+    def __init__(self, address, token=None, timeout=None, retries=0, *, tls=False, root_cert=None,
+                 client_cert=None, client_key=None, server_name=None):
         self.address = address
         self._timeout = timeout
         self._retries = retries
@@ -97,10 +117,22 @@ class Client:
         # The server enforces its own --max-message-bytes; the client does not add a smaller limit.
         # Reconnect quickly after a refused connection: gRPC's default backoff (1 s, growing to 120 s) would
         # keep failing calls fast long after a restarting server is back, defeating `retries`.
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000)])
+        options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+        if (client_cert is None) != (client_key is None):
+            raise InvalidArgument("client_cert and client_key go together: give both or neither")
+        self.tls = bool(tls or root_cert is not None or client_cert is not None)
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_pem(root_cert, "root certificate"),
+                private_key=_pem(client_key, "client key"),
+                certificate_chain=_pem(client_cert, "client certificate"))
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.TrainerStub(self._channel)
 
     # ---- plumbing ----

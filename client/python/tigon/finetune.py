@@ -164,6 +164,11 @@ def main(argv=None):
     where.add_argument("--server", help="HOST:PORT of a running tigon-server")
     where.add_argument("--server-bin", help="start this tigon-server binary on a free loopback port for the run")
     ap.add_argument("--token-file", help="file with the bearer token")
+    ap.add_argument("--tls", action="store_true", help="speak TLS to the server (implied by the --tls-* files)")
+    ap.add_argument("--tls-root-cert", help="PEM file of the CA that signed the server's certificate")
+    ap.add_argument("--tls-client-cert", help="PEM client certificate for a server with --tls-client-ca")
+    ap.add_argument("--tls-client-key", help="PEM private key of --tls-client-cert")
+    ap.add_argument("--tls-server-name", help="name to check the server's certificate against, if not HOST")
     data = ap.add_mutually_exclusive_group()
     data.add_argument("--text", help="a text file, tokenised as UTF-8 bytes (default: generated sentences)")
     data.add_argument("--ids", help="pre-tokenised ids: whitespace-separated integers or a .npy file")
@@ -189,15 +194,18 @@ def main(argv=None):
 
     token = None
     if args.token_file:
+        # The first entry's token (a line may be 'TOKEN' or 'TOKEN ROLE NAME', as in the server's file).
         with open(args.token_file) as f:
-            token = next((line.strip() for line in f if line.strip() and not line.startswith("#")), None)
+            token = next((line.split()[0] for line in f if line.strip() and not line.strip().startswith("#")), None)
     proc = None
     if args.server_bin:
         proc, address = start_local_server(args.server_bin, os.environ.get("TIGON_SERVER_LOG", os.path.join(tempfile.gettempdir(), "tigon-server.log")))
     else:
         address = args.server
     try:
-        client = tigon.connect(address, token=token)
+        client = tigon.connect(address, token=token, tls=args.tls, root_cert=args.tls_root_cert,
+                               client_cert=args.tls_client_cert, client_key=args.tls_client_key,
+                               server_name=args.tls_server_name)
         server = client.server_info()
         if args.precision == "auto":
             args.precision = "bf16" if server.devices else "fp32"
