@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "tests/engine/engine_test_util.h"
+#include "engine_test_util.h"
 #include "tigon/cpu_memory_limit.h"
 
 namespace tigon {
