@@ -30,16 +30,16 @@ BIN=$TIGON_BUILD_DIR/engine/tigon-data-parallel
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 DEVICES=${TIGON_DP_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}
 echo "GPUs: $NGPU, devices used: $DEVICES"
-run_phase dp_cpu_tests timeout 120 $TIGON_BUILD_DIR/tests/tigon_engine_tests --gtest_filter='DataParallel*'
-TAIL_LINES=16 run_phase dp_equality timeout 120 $BIN check --devices "$DEVICES" --precision bf16_mixed --steps 8 \
+run_phase dp_cpu_tests timeout -k 10 120 $TIGON_BUILD_DIR/tests/tigon_engine_tests --gtest_filter='DataParallel*'
+TAIL_LINES=16 run_phase dp_equality timeout -k 10 120 $BIN check --devices "$DEVICES" --precision bf16_mixed --steps 8 \
   --rows 8 --seq 256 --tolerance 0.02
-TAIL_LINES=16 run_phase dp_equality_fp32 timeout 90 $BIN check --devices "$DEVICES" --precision fp32 --steps 5 \
+TAIL_LINES=16 run_phase dp_equality_fp32 timeout -k 10 90 $BIN check --devices "$DEVICES" --precision fp32 --steps 5 \
   --rows 8 --seq 256 --tolerance 1e-3
-TAIL_LINES=14 run_phase dp_ranks_processes timeout 120 $BIN ranks --devices "$DEVICES" --precision bf16_mixed --steps 6 \
+TAIL_LINES=14 run_phase dp_ranks_processes timeout -k 10 120 $BIN ranks --devices "$DEVICES" --precision bf16_mixed --steps 6 \
   --rows 8 --seq 256 --tolerance 0.02
 $TIGON_PYTHON -c "import json, sys; sys.path.insert(0, 'bench'); from model_configs import MODELS; \
 print(json.dumps(dict(MODELS['llama3.2-1b'], model_type='llama')))" > "$LOGS/llama3.2-1b.json"
-TAIL_LINES=12 run_phase dp_scaling_llama1b timeout 240 $BIN bench --devices "$DEVICES" --config "$LOGS/llama3.2-1b.json" \
+TAIL_LINES=12 run_phase dp_scaling_llama1b timeout -k 10 240 $BIN bench --devices "$DEVICES" --config "$LOGS/llama3.2-1b.json" \
   --precision bf16 --rows-per-device 8 --seq 2048 --steps 8 --warmup 2 --json "$LOGS/dp_scaling_llama1b.json"
 echo; echo "| phase | result |"; echo "| --- | --- |"
 for k in "${ORDER[@]}"; do echo "| $k | ${RESULT[$k]} |"; done
