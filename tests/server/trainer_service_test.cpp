@@ -52,6 +52,7 @@ class FakeSession : public tigon::Session {
     info.accumulated_batches = accumulated_;
     info.optimizer = options_.optimizer;
     info.seed = options_.seed;
+    info.optimizer_in_backward = options_.optimizer_in_backward;
     return info;
   }
   tigon::Status ForwardBackward(const tigon::Batch& batch, tigon::StepStats* stats) override {
@@ -838,6 +839,22 @@ TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) 
     ASSERT_TRUE(stub_->GetSession(&ctx, request, &info).ok());
     EXPECT_EQ(info.accumulated_batches(), 0);
   }
+}
+
+TEST_F(TrainerServiceTest, ASessionWithTheOptimizerInBackwardTrainsInOneEngineCall) {
+  Start();
+  v1::CreateSessionRequest request;
+  request.set_config_json(R"({"model_type": "llama"})");
+  request.set_optimizer_in_backward(true);
+  grpc::ClientContext ctx;
+  v1::SessionInfo info;
+  ASSERT_TRUE(stub_->CreateSession(&ctx, request, &info).ok());
+  ASSERT_TRUE(info.optimizer_in_backward());
+  v1::StepResult result;
+  ASSERT_TRUE(Train(info.session_id(), &result).ok());
+  EXPECT_EQ(result.step(), 1);
+  EXPECT_EQ(engine_.train_steps, 1) << "the update happens inside backward: no separate OptimStep";
+  EXPECT_EQ(engine_.optim_steps, 0);
 }
 
 TEST_F(TrainerServiceTest, ATrainStepJoiningPendingGradientsIsOneEngineStep) {
