@@ -28,7 +28,7 @@ def rss_bytes(pid):
 
 # Practice: Triton's L0 perf_analyzer/load suites (many concurrent clients, latency percentiles, zero
 # errors) and Tinker's accounting of steps per run: every successful call is exactly one step.
-def test_32_clients_on_8_sessions_lose_nothing_and_keep_memory_stable(start_server):
+def test_32_clients_on_8_sessions_lose_nothing_and_keep_memory_stable(start_server, capsys):
     server = start_server("--max-sessions=16", "--log-level=info")
     owner = server.client()
     sessions = [owner.create_session(TINY_LLAMA, precision="fp32", optimizer=dict(lr=1e-3), seed=i)
@@ -87,10 +87,11 @@ def test_32_clients_on_8_sessions_lose_nothing_and_keep_memory_stable(start_serv
         assert session.info().step == steps_ok[index], f"session {index}: steps lost or applied twice"
     ms = np.array(latencies) * 1000
     p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-    print(f"\nload: {CLIENTS} clients, {SESSIONS} sessions, {elapsed:.1f} s, {len(ms)} calls "
-          f"({sum(steps_ok)} steps, {len(ms) / elapsed:.0f} calls/s); latency p50 {p50:.1f} ms, "
-          f"p95 {p95:.1f} ms, p99 {p99:.1f} ms; server RSS {rss_warm / 2**20:.1f} MiB after warm-up "
-          f"({calls_at_warm} calls), {rss_end / 2**20:.1f} MiB at the end, peak {peak / 2**20:.1f} MiB")
+    with capsys.disabled():  # shown in CI's quiet runs too
+        print(f"\nload: {CLIENTS} clients, {SESSIONS} sessions, {elapsed:.1f} s, {len(ms)} calls "
+              f"({sum(steps_ok)} steps, {len(ms) / elapsed:.0f} calls/s); latency p50 {p50:.1f} ms, "
+              f"p95 {p95:.1f} ms, p99 {p99:.1f} ms; server RSS {rss_warm / 2**20:.1f} MiB after warm-up "
+              f"({calls_at_warm} calls), {rss_end / 2**20:.1f} MiB at the end, peak {peak / 2**20:.1f} MiB")
     assert min(steps_ok) > 0, "every session made progress"
     assert rss_end <= rss_warm + RSS_MARGIN_BYTES, \
         f"server RSS grew by {(rss_end - rss_warm) / 2**20:.1f} MiB under steady load"
