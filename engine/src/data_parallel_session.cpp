@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "clock.h"
 #include "communicator.h"
 #include "device_memory.h"
 #include "gradient_buckets.h"
@@ -37,11 +38,6 @@ namespace tigon {
 namespace engine {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Runs fn(r) for every replica r on its own thread and waits for all. fn must not throw.
 template <typename Fn>

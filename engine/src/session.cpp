@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "atomic_dir.h"
+#include "clock.h"
 #include "device_memory.h"
 #include "flat_parameters.h"
 #include "optimizer_in_backward.h"
@@ -30,12 +31,7 @@ namespace tigon {
 namespace engine {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kCheckpointFormat = 1;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void Synchronize(const torch::Device& device) {
 #ifdef TIGON_WITH_CUDA
@@ -499,16 +495,21 @@ class SessionImpl final : public ReplicaSession {
       flat_->AdamWStep(NextAdamW(settings, scale * clip), fused_adamw_);
       step_ += 1;
       DropGradients();
-      out->step = step_;
-      out->grad_norm = grad_norm;
-      out->lr = settings.lr;
-      out->accumulated_batches = 0;
+      FillUpdate(grad_norm, settings, out);
       return Status::Ok();
     } catch (const std::exception& e) {
       // An update that failed part-way cannot be undone without a copy; report it as such.
       DropGradients();
       return StatusFromException(e, device_, "optim_step");
     }
+  }
+
+  // The statistics of an update just applied.
+  void FillUpdate(double grad_norm, const OptimizerSettings& settings, StepStats* out) const {
+    out->step = step_;
+    out->grad_norm = grad_norm;
+    out->lr = settings.lr;
+    out->accumulated_batches = 0;
   }
 
   // The AdamW update of the next step (step_ + 1) with the gradients multiplied by grad_scale.
@@ -560,10 +561,7 @@ class SessionImpl final : public ReplicaSession {
       }
       out->loss = loss_sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
       out->tokens = tokens;
-      out->step = step_;
-      out->grad_norm = grad_norm;
-      out->lr = settings.lr;
-      out->accumulated_batches = 0;
+      FillUpdate(grad_norm, settings, out);
       return Status::Ok();
     } catch (const std::exception& e) {
       Status status = StatusFromException(e, device_, "train_step");

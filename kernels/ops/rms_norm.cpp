@@ -228,6 +228,29 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackward(const torch::Tensor& dy2
                             weight, rstd, offset, casting);
 }
 
+// h = x + residual stored in x's dtype, then (h [rows, hidden], y = rms_norm(h), rstd): Hugging Face
+// normalises the rounded sum, and so do both paths.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AddRMSNormForward(const torch::Tensor& x,
+                                                                          const torch::Tensor& residual,
+                                                                          const torch::Tensor& weight, double eps,
+                                                                          double offset, RMSNormCasting mode) {
+  const int64_t hidden = x.size(-1);
+  torch::Tensor h2d, y, rstd;
+#ifdef TIGON_CUDA_KERNELS
+  if (x.is_cuda()) {
+    TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "tigon::add_rms_norm (CUDA): x is ", x.scalar_type(),
+                ", residual is ", residual.scalar_type());
+    auto x2d = AsRows(x, hidden);
+    h2d = torch::empty({x2d.size(0), hidden}, x2d.options());
+    std::tie(y, rstd) = RMSNormForwardCuda(x2d, AsRows(residual, hidden), h2d, weight, eps, offset, mode);
+    return {h2d, y, rstd};
+  }
+#endif
+  h2d = AsRows(x + residual, hidden);
+  std::tie(y, rstd) = RMSNormForwardCpu(h2d, weight, eps, offset, mode);
+  return {h2d, y, rstd};
+}
+
 // ---- autograd functions ---------------------------------------------------------------------------------
 
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
@@ -267,22 +290,7 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
     TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::add_rms_norm: x ", x.sizes(), " and residual ", residual.sizes(),
                 " differ");
     c10::OptionalDeviceGuard guard(x.device());
-    const int64_t hidden = x.size(-1);
-    const auto mode = ToCasting(casting);
-    torch::Tensor residual_out, y, rstd;
-#ifdef TIGON_CUDA_KERNELS
-    if (x.is_cuda()) {
-      TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "tigon::add_rms_norm (CUDA): x is ", x.scalar_type(),
-                  ", residual is ", residual.scalar_type());
-      auto x2d = AsRows(x, hidden);
-      residual_out = torch::empty({x2d.size(0), hidden}, x2d.options());
-      std::tie(y, rstd) = RMSNormForwardCuda(x2d, AsRows(residual, hidden), residual_out, weight, eps, offset, mode);
-    }
-#endif
-    if (!y.defined()) {
-      residual_out = AsRows(x + residual, hidden);
-      std::tie(y, rstd) = RMSNormForwardCpu(residual_out, weight, eps, offset, mode);
-    }
+    auto [residual_out, y, rstd] = AddRMSNormForward(x, residual, weight, eps, offset, ToCasting(casting));
     ctx->save_for_backward({residual_out, weight, rstd});
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["casting"] = casting;
@@ -326,17 +334,7 @@ class RMSNormLinearsFunction : public torch::autograd::Function<RMSNormLinearsFu
     if (has_residual) {
       TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::rms_norm_linears: x ", x.sizes(), " and residual ",
                   residual.sizes(), " differ");
-#ifdef TIGON_CUDA_KERNELS
-      if (x.is_cuda()) {
-        auto x2d = AsRows(x, hidden);
-        h2d = torch::empty({x2d.size(0), hidden}, x2d.options());
-        std::tie(y, rstd) = RMSNormForwardCuda(x2d, AsRows(residual, hidden), h2d, weight, eps, offset, mode);
-      }
-#endif
-      if (!y.defined()) {
-        h2d = AsRows(x + residual, hidden);
-        std::tie(y, rstd) = RMSNormForwardCpu(h2d, weight, eps, offset, mode);
-      }
+      std::tie(h2d, y, rstd) = AddRMSNormForward(x, residual, weight, eps, offset, mode);
     } else {
       h2d = AsRows(x, hidden);
       std::tie(y, rstd) = RMSNormForward(h2d, weight, eps, offset, mode);
