@@ -13,24 +13,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kN = 8;
 
-__device__ __forceinline__ float aw_to_float(float x) { return x; }
-__device__ __forceinline__ float aw_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float aw_to_float(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T aw_from_float(float x);
-template <>
-__device__ __forceinline__ float aw_from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 aw_from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half aw_from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
 template <typename T>
 struct alignas(sizeof(T) * kN) Pack8 {
   T v[kN];
@@ -71,12 +53,12 @@ __global__ void __launch_bounds__(kThreads) adamw_step_kernel(const AdamWParams 
     [[maybe_unused]] Pack8<typename std::conditional<kCopy, C, P>::type> c;
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      float pf = aw_to_float(p.v[k]), mf = aw_to_float(m.v[k]), vf = aw_to_float(v.v[k]);
-      adamw_update(pf, aw_to_float(g.v[k]), mf, vf, a);
-      p.v[k] = aw_from_float<P>(pf);
-      m.v[k] = aw_from_float<S>(mf);
-      v.v[k] = aw_from_float<S>(vf);
-      if constexpr (kCopy) c.v[k] = aw_from_float<C>(pf);
+      float pf = to_float(p.v[k]), mf = to_float(m.v[k]), vf = to_float(v.v[k]);
+      adamw_update(pf, to_float(g.v[k]), mf, vf, a);
+      p.v[k] = from_float<P>(pf);
+      m.v[k] = from_float<S>(mf);
+      v.v[k] = from_float<S>(vf);
+      if constexpr (kCopy) c.v[k] = from_float<C>(pf);
     }
     reinterpret_cast<Pack8<P>*>(param)[i] = p;
     reinterpret_cast<Pack8<S>*>(exp_avg)[i] = m;
@@ -84,12 +66,12 @@ __global__ void __launch_bounds__(kThreads) adamw_step_kernel(const AdamWParams 
     if constexpr (kCopy) reinterpret_cast<Pack8<C>*>(copy)[i] = c;
   }
   for (int64_t j = n_packs * kN + first; j < a.n; j += stride) {
-    float pf = aw_to_float(param[j]), mf = aw_to_float(exp_avg[j]), vf = aw_to_float(exp_avg_sq[j]);
-    adamw_update(pf, aw_to_float(grad[j]), mf, vf, a);
-    param[j] = aw_from_float<P>(pf);
-    exp_avg[j] = aw_from_float<S>(mf);
-    exp_avg_sq[j] = aw_from_float<S>(vf);
-    if constexpr (kCopy) copy[j] = aw_from_float<C>(pf);
+    float pf = to_float(param[j]), mf = to_float(exp_avg[j]), vf = to_float(exp_avg_sq[j]);
+    adamw_update(pf, to_float(grad[j]), mf, vf, a);
+    param[j] = from_float<P>(pf);
+    exp_avg[j] = from_float<S>(mf);
+    exp_avg_sq[j] = from_float<S>(vf);
+    if constexpr (kCopy) copy[j] = from_float<C>(pf);
   }
 }
 

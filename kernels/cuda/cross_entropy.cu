@@ -16,23 +16,6 @@ constexpr int kUnroll = 4;  // 16-byte loads in flight per thread: 512 threads x
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ float ce_to_float(float x) { return x; }
-__device__ __forceinline__ float ce_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ce_to_float(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T ce_from_float(float x);
-template <>
-__device__ __forceinline__ float ce_from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 ce_from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half ce_from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
 
 template <typename T>
 struct alignas(16) Pack {
@@ -81,7 +64,7 @@ __device__ __forceinline__ void accumulate(SoftmaxState& st, const T (&v)[kN], f
   float local_max = -FLT_MAX;
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    const float x = softcapped<kSoftcap>(ce_to_float(v[k]), cap, inv_cap);
+    const float x = softcapped<kSoftcap>(to_float(v[k]), cap, inv_cap);
     st.sum_x += x;
     xs[k] = x * kLog2e;
     local_max = fmaxf(local_max, xs[k]);
@@ -111,7 +94,7 @@ __device__ __forceinline__ T grad_element(float raw, int64_t j, const RowGrad& g
     const float t = x * inv_cap;
     d *= 1.f - t * t;
   }
-  return ce_from_float<T>(d);
+  return from_float<T>(d);
 }
 
 // Each row is split into a scalar head up to the first 16-byte boundary, a body of 16-byte packs and a
@@ -152,9 +135,9 @@ __global__ void __launch_bounds__(kThreads, 2) cross_entropy_forward_kernel(cons
     if (p.write_grad) {
       Pack<T> zero;
 #pragma unroll
-      for (int k = 0; k < kN; ++k) zero.v[k] = ce_from_float<T>(0.f);
+      for (int k = 0; k < kN; ++k) zero.v[k] = from_float<T>(0.f);
       for (int64_t i = tid; i < split.n_packs; i += kThreads) store_pack_streaming(body + i * kN, zero);
-      for (int64_t k = tid; k < n_scalar; k += kThreads) x_row[scalar_index(k)] = ce_from_float<T>(0.f);
+      for (int64_t k = tid; k < n_scalar; k += kThreads) x_row[scalar_index(k)] = from_float<T>(0.f);
     }
     if (tid == 0) p.loss[row] = 0.f;
     return;
@@ -165,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2) cross_entropy_forward_kernel(cons
   const bool target_in_range = target >= 0 && target < V;
   // Read before pass 2 overwrites the row.
   float x_target = 0.f;
-  if (tid == 0) x_target = target_in_range ? softcapped<kSoftcap>(ce_to_float(x_row[target]), cap, inv_cap) : NAN;
+  if (tid == 0) x_target = target_in_range ? softcapped<kSoftcap>(to_float(x_row[target]), cap, inv_cap) : NAN;
 
   // Pass 1: online softmax.
   SoftmaxState st;
@@ -259,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 2) cross_entropy_forward_kernel(cons
         Pack<T> out;
 #pragma unroll
         for (int k = 0; k < kN; ++k) {
-          out.v[k] = grad_element<T, kSoftcap>(ce_to_float(buf[u].v[k]), split.head + i * kN + k, g, cap, inv_cap);
+          out.v[k] = grad_element<T, kSoftcap>(to_float(buf[u].v[k]), split.head + i * kN + k, g, cap, inv_cap);
         }
         store_pack_streaming(body + i * kN, out);
       }
@@ -267,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 2) cross_entropy_forward_kernel(cons
   }
   for (int64_t k = tid; k < n_scalar; k += kThreads) {
     const int64_t j = scalar_index(k);
-    x_row[j] = grad_element<T, kSoftcap>(ce_to_float(x_row[j]), j, g, cap, inv_cap);
+    x_row[j] = grad_element<T, kSoftcap>(to_float(x_row[j]), j, g, cap, inv_cap);
   }
 }
 
