@@ -142,8 +142,7 @@ class DataParallelSession final : public Session {
     TIGON_RETURN_IF_ERROR(CheckTrainingBatch(batch));
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out));
-    out.wall_seconds = SecondsSince(start);
-    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
@@ -158,7 +157,7 @@ class DataParallelSession final : public Session {
     TIGON_RETURN_IF_ERROR(replicas_[0]->ResolveOptimizerSettings(overrides, &settings));
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunOptimStep(overrides, &out));
-    out.wall_seconds = SecondsSince(start);
+    StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
@@ -179,8 +178,7 @@ class DataParallelSession final : public Session {
     out.accumulated_batches = 0;
     out.peak_allocated_bytes = std::max(out.peak_allocated_bytes, optim.peak_allocated_bytes);
     out.peak_reserved_bytes = std::max(out.peak_reserved_bytes, optim.peak_reserved_bytes);
-    out.wall_seconds = SecondsSince(start);
-    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }

@@ -118,8 +118,7 @@ class SessionImpl final : public ReplicaSession {
     TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "forward_backward"));
-    out.wall_seconds = SecondsSince(start);
-    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
@@ -137,7 +136,7 @@ class SessionImpl final : public ReplicaSession {
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunOptimStep(settings, &out));
     Synchronize(device_);
-    out.wall_seconds = SecondsSince(start);
+    StampWallTime(start, &out);
     FillMemory(&out);
     if (stats) *stats = out;
     return Status::Ok();
@@ -154,8 +153,7 @@ class SessionImpl final : public ReplicaSession {
     if (in_backward_ != nullptr && settings.max_grad_norm == 0 && pending_batches_ == 0) {
       TIGON_RETURN_IF_ERROR(RunTrainStepInBackward(batch, settings, &out));
       Synchronize(device_);
-      out.wall_seconds = SecondsSince(start);
-      out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+      StampWallTime(start, &out);
       FillMemory(&out);
       if (stats) *stats = out;
       return Status::Ok();
@@ -169,8 +167,7 @@ class SessionImpl final : public ReplicaSession {
     out.grad_norm = optim.grad_norm;
     out.lr = optim.lr;
     out.accumulated_batches = 0;
-    out.wall_seconds = SecondsSince(start);
-    out.tokens_per_second = out.wall_seconds > 0 ? out.tokens / out.wall_seconds : 0.0;
+    StampWallTime(start, &out);
     FillMemory(&out);
     if (stats) *stats = out;
     return Status::Ok();
