@@ -29,13 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-LIB = os.environ.get("TIGON_KERNELS_LIB")
-if not LIB:
-    raise RuntimeError("set TIGON_KERNELS_LIB to the CUDA build's libtigon_kernels.so")
-torch.ops.load_library(LIB)
-if not torch.cuda.is_available():
-    raise RuntimeError("this suite needs a CUDA device")
-
+# conftest.py has loaded the CUDA build of torch.ops.tigon.
 DEV = torch.device("cuda")
 tigon = torch.ops.tigon
 
