@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
+from memory import MIB, peak_mib
+
 HBM_BYTES_PER_S = 4.3e12
 BF16_FLOPS_PER_S = 790e12
-MIB = 2**20
 
 
 def load_tigon():
@@ -38,21 +39,6 @@ def load_tigon():
 
 def bench_ms(fn, grad_to_none=(), warmup=50, rep=400):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=list(grad_to_none), return_mode="median")
-
-
-def peak_mib(fn, grad_to_none=()):
-    for t in grad_to_none:
-        t.grad = None
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / MIB
-    for t in grad_to_none:
-        t.grad = None
-    return peak
 
 
 def measure(rows, op, impl, fn, grad_to_none, floor_ms, goal, warmup=50, rep=400, extra=None):

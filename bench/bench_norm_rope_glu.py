@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
+from memory import MIB, peak_mib
+
 HBM_BYTES_PER_S = 4.3e12
-MIB = 2**20
 DEV = torch.device("cuda")
 DTYPE = torch.bfloat16
 
@@ -42,21 +43,6 @@ def load_tigon():
 
 def floor_ms(nbytes):
     return nbytes / HBM_BYTES_PER_S * 1e3
-
-
-def peak_mib(fn, leaves):
-    for t in leaves:
-        t.grad = None
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / MIB
-    for t in leaves:
-        t.grad = None
-    return peak
 
 
 def measure(rows, op, impl, fn, leaves, floor, goal, warmup, rep):
