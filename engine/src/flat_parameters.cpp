@@ -102,19 +102,14 @@ double FlatParameters::GradNorm(double scale) const {
   return std::sqrt(ops::squared_norm(grads_).item<double>()) * std::abs(scale);
 }
 
-void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOptions options, bool fused) {
-  torch::NoGradGuard no_grad;
-  const auto& slot = slots_.at(k);
-  if (slot.offset >= decay_numel_) options.weight_decay = 0.0;
-  auto m = exp_avg_.narrow(0, slot.offset, slot.numel);
-  auto v = exp_avg_sq_.narrow(0, slot.offset, slot.numel);
-  // Written through an alias with its own version counter: every parameter is a view of params_ and
-  // shares its counter, so an ATen write (the reference AdamW) would look to autograd like a change to
-  // all the parameters that later backward nodes saved, though only this one, which none of them reads
-  // any more, changes (optimizer_in_backward.h).
-  auto param = params_.variable_data().narrow(0, slot.offset, slot.numel);
+void FlatParameters::AdamWRange(const torch::Tensor& params, int64_t start, int64_t n, const torch::Tensor& grad,
+                                const AdamWOptions& options, bool fused) {
+  if (n == 0) return;
+  auto m = exp_avg_.narrow(0, start, n);
+  auto v = exp_avg_sq_.narrow(0, start, n);
+  auto param = params.narrow(0, start, n);
   if (master_.defined()) {
-    auto master = master_.narrow(0, slot.offset, slot.numel);
+    auto master = master_.narrow(0, start, n);
     if (fused) {
       ops::adamw_step(master, grad, m, v, options, param);
     } else {
@@ -127,35 +122,25 @@ void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOpt
   }
 }
 
+void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOptions options, bool fused) {
+  torch::NoGradGuard no_grad;
+  const auto& slot = slots_.at(k);
+  if (slot.offset >= decay_numel_) options.weight_decay = 0.0;
+  // Written through an alias with its own version counter: every parameter is a view of params_ and
+  // shares its counter, so an ATen write (the reference AdamW) would look to autograd like a change to
+  // all the parameters that later backward nodes saved, though only this one, which none of them reads
+  // any more, changes (optimizer_in_backward.h).
+  AdamWRange(params_.variable_data(), slot.offset, slot.numel, grad, options, fused);
+}
+
 void FlatParameters::AdamWStep(const AdamWOptions& options, bool fused) {
   torch::NoGradGuard no_grad;
   TORCH_CHECK(grads_.defined(), "AdamWStep: this session has no gradient buffer");
-  auto run = [&](int64_t start, int64_t n, double weight_decay) {
-    if (n == 0) return;
-    AdamWOptions group = options;
-    group.weight_decay = weight_decay;
-    auto grad = grads_.narrow(0, start, n);
-    auto m = exp_avg_.narrow(0, start, n);
-    auto v = exp_avg_sq_.narrow(0, start, n);
-    if (master_.defined()) {
-      auto master = master_.narrow(0, start, n);
-      auto copy = params_.narrow(0, start, n);
-      if (fused) {
-        ops::adamw_step(master, grad, m, v, group, copy);
-      } else {
-        reference::adamw_step(master, grad, m, v, group, copy);
-      }
-    } else {
-      auto param = params_.narrow(0, start, n);
-      if (fused) {
-        ops::adamw_step(param, grad, m, v, group);
-      } else {
-        reference::adamw_step(param, grad, m, v, group);
-      }
-    }
-  };
-  run(0, decay_numel_, options.weight_decay);
-  run(decay_numel_, params_.numel() - decay_numel_, 0.0);
+  AdamWOptions no_decay = options;
+  no_decay.weight_decay = 0.0;
+  AdamWRange(params_, 0, decay_numel_, grads_.narrow(0, 0, decay_numel_), options, fused);
+  AdamWRange(params_, decay_numel_, params_.numel() - decay_numel_,
+             grads_.narrow(0, decay_numel_, params_.numel() - decay_numel_), no_decay, fused);
 }
 
 void FlatParameters::ResetOptimizerState() {

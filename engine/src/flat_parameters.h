@@ -70,6 +70,10 @@ class FlatParameters {
   void SyncMasterFromParams();
 
  private:
+  // AdamW over elements [start, start + n) of `params` (params_ or an alias of it) with `grad`.
+  void AdamWRange(const torch::Tensor& params, int64_t start, int64_t n, const torch::Tensor& grad,
+                  const AdamWOptions& options, bool fused);
+
   Precision precision_;
   torch::Tensor params_, grads_, master_, exp_avg_, exp_avg_sq_;
   std::vector<ParameterSlot> slots_;
