@@ -1,4 +1,4 @@
-// CPU convergence: a tiny byte-level model trained on Tiny Shakespeare (../shared/data) must bring its
+// CPU convergence: a tiny byte-level model trained on Tiny Shakespeare (tests/fixtures/data) must bring its
 // loss well below where it starts (ln 256 = 5.55 for a uniform guess).
 #include <gtest/gtest.h>
 
@@ -13,10 +13,11 @@
 namespace tigon {
 namespace {
 
-// The corpus lives in ../shared/data beside the checkout; TIGON_DATA_DIR points elsewhere (GPU machine).
+// A copy of the public-domain corpus is in tests/fixtures/data, so any clone can run this; TIGON_DATA_DIR
+// points elsewhere.
 std::string DataDir() {
   const char* dir = std::getenv("TIGON_DATA_DIR");
-  return dir ? dir : TIGON_SHARED_DATA_DIR;
+  return dir ? dir : TIGON_TEST_DATA_DIR;
 }
 
 std::string ReadCorpus() {
