@@ -14,11 +14,18 @@
 // replica's status, pending gradients are dropped everywhere, the group is reset and the session stays
 // usable. When the replicas can no longer be known to hold the same weights (an update or a checkpoint load
 // that failed on some of them only), the session reports itself broken.
+#include <ATen/ThreadLocalState.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -32,25 +39,97 @@
 
 #ifdef TIGON_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace tigon {
 namespace engine {
 namespace {
 
-
-// Runs fn(r) for every replica r on its own thread and waits for all. fn must not throw.
-template <typename Fn>
-void OnEveryReplica(int replicas, Fn&& fn) {
-  if (replicas == 1) {
-    fn(0);
-    return;
+// One long-lived thread per replica. Creating and joining threads on every call cost time and gave LibTorch
+// fresh thread-local state each step (cuBLAS handle windows, current streams). Run(count, fn) runs fn(r) for
+// every r < count on replica r's thread with the caller's thread-local state (grad mode, a running
+// profiler) and returns when all are done; calls are serialised. With fewer than two replicas everything
+// runs on the calling thread.
+class ReplicaThreads {
+ public:
+  explicit ReplicaThreads(int replicas) {
+    if (replicas < 2) return;
+    for (int r = 0; r < replicas; ++r) threads_.emplace_back([this, r] { Loop(r); });
   }
-  std::vector<std::thread> threads;
-  threads.reserve(replicas);
-  for (int r = 0; r < replicas; ++r) threads.emplace_back([&fn, r] { fn(r); });
-  for (auto& thread : threads) thread.join();
-}
+  ~ReplicaThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+  ReplicaThreads(const ReplicaThreads&) = delete;
+  ReplicaThreads& operator=(const ReplicaThreads&) = delete;
+
+  // fn should not throw; if it does, the first exception is rethrown here once every replica is done.
+  void Run(int count, const std::function<void(int)>& fn) {
+    std::lock_guard<std::mutex> serial(run_mutex_);
+    if (threads_.empty()) {
+      for (int r = 0; r < count; ++r) fn(r);
+      return;
+    }
+    const at::ThreadLocalState state;
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_ = &fn;
+    state_ = &state;
+    count_ = std::min<int>(count, static_cast<int>(threads_.size()));
+    remaining_ = count_;
+    error_ = nullptr;
+    ++generation_;
+    wake_.notify_all();
+    done_.wait(lock, [this] { return remaining_ == 0; });
+    job_ = nullptr;
+    state_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void Loop(int r) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<void(int)>* job = nullptr;
+      const at::ThreadLocalState* state = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (r >= count_) continue;
+        job = job_;
+        state = state_;
+      }
+      std::exception_ptr error;
+      try {
+        at::ThreadLocalStateGuard guard(*state);
+        (*job)(r);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error && !error_) error_ = error;
+      if (--remaining_ == 0) done_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex run_mutex_;  // one Run at a time
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  const at::ThreadLocalState* state_ = nullptr;
+  int count_ = 0;
+  int remaining_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
 
 Status StatusFromError(const std::exception& e, const char* call) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
@@ -69,6 +148,72 @@ void* CurrentStream(const torch::Device& device) {
 #endif
   return nullptr;
 }
+
+// Points of one replica's forward_backward on its device: CUDA events on the compute stream (device time,
+// ReplicaTimings); nothing for CPU replicas, whose timings come from the host clock.
+class StepMarks {
+ public:
+  enum Mark { kStart = 0, kFirstGradient = 1, kBackwardEnd = 2 };
+
+  explicit StepMarks(torch::Device device) : device_(device) {}
+  ~StepMarks() {
+#ifdef TIGON_WITH_CUDA
+    for (auto& event : events_)
+      if (event != nullptr) cudaEventDestroy(event);
+#endif
+  }
+  StepMarks(const StepMarks&) = delete;
+  StepMarks& operator=(const StepMarks&) = delete;
+
+  // Forgets the last step's marks; creates the events on the replica's device the first time.
+  void Clear() {
+    recorded_ = {false, false, false};
+#ifdef TIGON_WITH_CUDA
+    if (!device_.is_cuda() || events_[0] != nullptr) return;
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) return;
+    if (cudaSetDevice(device_.index()) == cudaSuccess) {
+      for (auto& event : events_) {
+        if (cudaEventCreate(&event) != cudaSuccess) event = nullptr;
+      }
+    }
+    cudaSetDevice(previous);
+#endif
+  }
+
+  // On any thread: marks the point the replica's compute stream has reached.
+  void Record(Mark mark) {
+#ifdef TIGON_WITH_CUDA
+    if (!device_.is_cuda() || events_[mark] == nullptr) return;
+    auto stream = static_cast<cudaStream_t>(CurrentStream(device_));
+    recorded_[mark] = cudaEventRecord(events_[mark], stream) == cudaSuccess;
+#else
+    (void)mark;
+#endif
+  }
+
+  // Device milliseconds between two recorded marks (waits for `to`); negative when not known.
+  double Ms(Mark from, Mark to) {
+#ifdef TIGON_WITH_CUDA
+    if (!recorded_[from] || !recorded_[to]) return -1.0;
+    if (cudaEventSynchronize(events_[to]) != cudaSuccess) return -1.0;
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, events_[from], events_[to]) != cudaSuccess) return -1.0;
+    return ms;
+#else
+    (void)from;
+    (void)to;
+    return -1.0;
+#endif
+  }
+
+ private:
+  torch::Device device_;
+  std::array<bool, 3> recorded_{false, false, false};
+#ifdef TIGON_WITH_CUDA
+  std::array<cudaEvent_t, 3> events_{nullptr, nullptr, nullptr};
+#endif
+};
 
 // Rows [first, first + count) of `batch`.
 Batch SliceRows(const Batch& batch, int64_t first, int64_t count) {
@@ -95,13 +240,15 @@ class DataParallelSession final : public Session {
   DataParallelSession(std::vector<std::unique_ptr<ReplicaSession>> replicas,
                       std::unique_ptr<CommunicatorGroup> group, DataParallelOptions options,
                       std::vector<int> devices)
-      : replicas_(std::move(replicas)), group_(std::move(group)), options_(std::move(options)) {
+      : replicas_(std::move(replicas)), group_(std::move(group)), options_(std::move(options)),
+        threads_(static_cast<int>(replicas_.size())) {
     const int64_t bucket_bytes = options_.bucket_bytes > 0 ? options_.bucket_bytes : kDefaultBucketBytes;
     for (int r = 0; r < static_cast<int>(replicas_.size()); ++r) {
       auto& replica = replicas_[r];
       replica->SetReportedDevices(devices);
       replica->SetFailureListener([this, r] { OnReplicaFailed(r, "its forward_backward failed"); });
       buckets_.push_back(std::make_unique<GradientBuckets>(replica->model(), replica->flat(), bucket_bytes));
+      marks_.push_back(std::make_unique<StepMarks>(replica->device()));
     }
     spans_processes_ = group_->rank(0).size() > static_cast<int>(replicas_.size());
     const auto dtype = replicas_[0]->flat().grads().scalar_type();
@@ -191,7 +338,7 @@ class DataParallelSession final : public Session {
     const auto counts = SplitRows(batch.batch, used);
     std::vector<ForwardResult> parts(used);
     std::vector<Status> statuses(used);
-    OnEveryReplica(used, [&](int r) {
+    threads_.Run(used, [&](int r) {
       int64_t first = 0;
       for (int k = 0; k < r; ++k) first += counts[k];
       statuses[r] = replicas_[r]->Forward(SliceRows(batch, first, counts[r]), &parts[r]);
@@ -232,7 +379,7 @@ class DataParallelSession final : public Session {
     pending_batches_ = 0;
     pending_tokens_ = 0;
     std::vector<Status> statuses(replicas());
-    OnEveryReplica(replicas(), [&](int r) {
+    threads_.Run(replicas(), [&](int r) {
       if (r > 0) statuses[r] = replicas_[r]->LoadCheckpoint(dir);
     });
     for (int r = 1; r < replicas(); ++r) {
@@ -344,16 +491,21 @@ class DataParallelSession final : public Session {
     std::vector<double> seconds(n);
     std::vector<int> after_backward(n, 0);
     std::vector<Status> comm_errors(n);  // a failed collective's own status (abort, timeout)
+    std::vector<ReplicaTimings> timings(n);
+    std::vector<double> first_gradient_s(n, -1.0), backward_end_s(n, -1.0);  // host seconds after the start
     first_failed_.store(-1);
     const bool accumulating = pending_batches_ > 0;
-    OnEveryReplica(n, [&](int r) {
+    threads_.Run(n, [&](int r) {
       const auto start = Clock::now();
       auto& replica = *replicas_[r];
       auto& buckets = *buckets_[r];
       auto& comm = group_->rank(r);
+      auto& marks = *marks_[r];
       Status status;
       try {
         c10::DeviceGuard guard(replica.device());
+        marks.Clear();
+        marks.Record(StepMarks::kStart);
         Inject(r, "forward_backward");
         int64_t first = 0;
         for (int k = 0; k < r; ++k) first += counts[k];
@@ -366,21 +518,30 @@ class DataParallelSession final : public Session {
         char* base = static_cast<char*>(grads.data_ptr());
         const int64_t element = grads.element_size();
         const torch::Device device = replica.device();
-        buckets.Begin([&, base, element, device, r](int i) {
-          Inject(r, "bucket:" + std::to_string(i));
-          const auto& bucket = buckets.bucket(i);
-          Status started = comm.StartAllReduce(base + bucket.offset * element, bucket.numel, reduce_dtype_,
-                                               CurrentStream(device));
-          if (!started.ok()) {
-            comm_errors[r] = started;
-            throw std::runtime_error(started.message());
-          }
-        });
+        buckets.Begin(
+            [&, base, element, device, r](int i) {
+              Inject(r, "bucket:" + std::to_string(i));
+              const auto& bucket = buckets.bucket(i);
+              Status started = comm.StartAllReduce(base + bucket.offset * element, bucket.numel, reduce_dtype_,
+                                                   CurrentStream(device));
+              if (!started.ok()) {
+                comm_errors[r] = started;
+                throw std::runtime_error(started.message());
+              }
+            },
+            [&, start, r] {  // on the autograd thread, which has the replica's device current
+              first_gradient_s[r] = SecondsSince(start);
+              marks.Record(StepMarks::kFirstGradient);
+            });
         status = replica.ForwardBackwardRows(rows, &parts[r]);
         if (status.ok()) {
+          backward_end_s[r] = SecondsSince(start);
+          marks.Record(StepMarks::kBackwardEnd);
           comm.MarkBackwardEnd(CurrentStream(device));
+          const auto wait_start = Clock::now();
           after_backward[r] = buckets.LaunchRemaining();
           status = comm.Finish(CurrentStream(device));
+          timings[r].wait_ms = 1e3 * SecondsSince(wait_start);
         }
       } catch (const std::exception& e) {
         status = StatusFromError(e, "forward_backward");
@@ -390,6 +551,8 @@ class DataParallelSession final : public Session {
       if (!status.ok()) OnReplicaFailed(r, status.message());
       statuses[r] = status;
       seconds[r] = SecondsSince(start);
+      if (status.ok()) FillForwardBackwardTimings(marks, first_gradient_s[r], backward_end_s[r], &timings[r]);
+      timings[r].forward_backward_ms = 1e3 * seconds[r];
     });
     for (int r = 0; r < n; ++r) {
       if (!statuses[r].ok()) return FailStep(statuses, first_failed_.load(), "forward_backward");
@@ -424,14 +587,34 @@ class DataParallelSession final : public Session {
     timings_.exposed_ms = comm.exposed_ms;
     timings_.buckets_after_backward = after_backward[0];
     timings_.forward_backward_ms = 1e3 * *std::max_element(seconds.begin(), seconds.end());
+    timings_.per_replica = std::move(timings);
     return Status::Ok();
+  }
+
+  // Forward and backward of one replica: device time between the CUDA marks where there are any, else host
+  // time. A replica whose rows produced no gradient has no first-gradient mark: all of it is forward.
+  static void FillForwardBackwardTimings(StepMarks& marks, double first_gradient_s, double backward_end_s,
+                                         ReplicaTimings* out) {
+    const bool had_gradient = first_gradient_s >= 0;
+    out->host_forward_ms = 1e3 * (had_gradient ? first_gradient_s : backward_end_s);
+    const double device_forward =
+        marks.Ms(StepMarks::kStart, had_gradient ? StepMarks::kFirstGradient : StepMarks::kBackwardEnd);
+    if (device_forward >= 0) {
+      out->forward_ms = device_forward;
+      out->backward_ms = had_gradient ? std::max(0.0, marks.Ms(StepMarks::kFirstGradient, StepMarks::kBackwardEnd)) : 0.0;
+    } else {
+      out->forward_ms = out->host_forward_ms;
+      out->backward_ms = had_gradient ? 1e3 * (backward_end_s - first_gradient_s) : 0.0;
+    }
   }
 
   Status RunOptimStep(const OptimizerOverrides& overrides, StepStats* out) {
     const int n = replicas();
     std::vector<Status> statuses(n);
     std::vector<StepStats> parts(n);
-    OnEveryReplica(n, [&](int r) {
+    std::vector<double> update_ms(n, 0.0);
+    threads_.Run(n, [&](int r) {
+      const auto start = Clock::now();
       try {
         c10::DeviceGuard guard(replicas_[r]->device());
         Inject(r, "optim_step");
@@ -441,7 +624,10 @@ class DataParallelSession final : public Session {
         statuses[r] = StatusFromError(e, "optim_step");
         replicas_[r]->DropPendingGradients();
       }
+      update_ms[r] = 1e3 * SecondsSince(start);
     });
+    timings_.per_replica.resize(n);
+    for (int r = 0; r < n; ++r) timings_.per_replica[r].update_ms = update_ms[r];
     pending_batches_ = 0;
     pending_tokens_ = 0;
     int failed = 0;
@@ -470,8 +656,10 @@ class DataParallelSession final : public Session {
 
   std::vector<std::unique_ptr<ReplicaSession>> replicas_;
   std::vector<std::unique_ptr<GradientBuckets>> buckets_;
+  std::vector<std::unique_ptr<StepMarks>> marks_;
   std::unique_ptr<CommunicatorGroup> group_;
   DataParallelOptions options_;
+  ReplicaThreads threads_;  // after everything its jobs use, so that it stops first
   ReduceDtype reduce_dtype_ = ReduceDtype::kFloat32;
   int64_t pending_batches_ = 0;
   int64_t pending_tokens_ = 0;

@@ -77,9 +77,10 @@ GradientBuckets::~GradientBuckets() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
-void GradientBuckets::Begin(std::function<void(int)> launch) {
+void GradientBuckets::Begin(std::function<void(int)> launch, std::function<void()> first_ready) {
   std::lock_guard<std::mutex> lock(mutex_);
   launch_ = std::move(launch);
+  first_ready_ = std::move(first_ready);
   pending_ = parameters_per_bucket_;
   next_ = 0;
   armed_ = true;
@@ -88,6 +89,11 @@ void GradientBuckets::Begin(std::function<void(int)> launch) {
 void GradientBuckets::OnParameterReady(int bucket) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!armed_) return;  // a backward outside a data-parallel step (none today)
+  if (first_ready_) {
+    auto first_ready = std::move(first_ready_);
+    first_ready_ = nullptr;
+    first_ready();
+  }
   pending_[bucket] -= 1;
   LaunchReadyLocked();
 }
@@ -110,6 +116,7 @@ int GradientBuckets::LaunchRemaining() {
     }
   }
   launch_ = nullptr;
+  first_ready_ = nullptr;
   return launched;
 }
 
@@ -117,6 +124,7 @@ void GradientBuckets::Disarm() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;
   launch_ = nullptr;
+  first_ready_ = nullptr;
 }
 
 }  // namespace tigon::engine

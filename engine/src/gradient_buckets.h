@@ -43,7 +43,9 @@ class GradientBuckets {
 
   // Arms the hooks for one backward pass. `launch(i)` starts bucket i of the launch order; it runs on the
   // thread that finished the bucket's last gradient and may throw (the backward then fails).
-  void Begin(std::function<void(int)> launch);
+  // `first_ready`, if given, runs once, on that thread, when the first gradient of this pass is final
+  // (step timings: where forward ends and the gradients begin to arrive).
+  void Begin(std::function<void(int)> launch, std::function<void()> first_ready = nullptr);
   // After backward: launches, in order, the buckets not yet started (parameters that got no gradient this
   // time), then disarms. Returns the number of buckets launched here.
   int LaunchRemaining();
@@ -63,6 +65,7 @@ class GradientBuckets {
   std::mutex mutex_;
   bool armed_ = false;
   std::function<void(int)> launch_;
+  std::function<void()> first_ready_;  // cleared once called
   std::vector<int> pending_;  // per bucket: parameters whose gradient is not final yet
   int next_ = 0;              // next bucket of the launch order to start
 };

@@ -54,6 +54,27 @@ std::string NcclError(const char* what, ncclResult_t result) {
   return std::string(what) + ": " + ncclGetErrorString(result);
 }
 
+// Makes `device` current and gives the calling thread its previous device back at the end of the scope:
+// communicators are called from threads that are not theirs (the session's caller at creation, replica
+// and autograd threads during a step), and those threads' later work must stay on their own device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    error_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t error() const { return error_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
 class NcclGroup;
 
 class NcclCommunicator final : public Communicator {
@@ -76,7 +97,8 @@ class NcclCommunicator final : public Communicator {
 
   Status CreateStream() {
     if (stream_ != nullptr) return Status::Ok();
-    cudaError_t error = cudaSetDevice(device_);
+    DeviceScope scope(device_);
+    cudaError_t error = scope.error();
     if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (error == cudaSuccess) error = cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
     if (error == cudaSuccess) error = cudaEventCreate(&backward_end_);
@@ -88,7 +110,7 @@ class NcclCommunicator final : public Communicator {
   // Ends this rank's collectives without waiting for the others; the communicator is gone afterwards.
   void AbortComm() {
     if (comm_ != nullptr) {
-      cudaSetDevice(device_);
+      DeviceScope scope(device_);
       ncclCommAbort(comm_);
       comm_ = nullptr;
       if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // its kernels have exited
@@ -201,7 +223,8 @@ class NcclGroup final : public CommunicatorGroup {
     result = ncclGroupStart();
     for (auto& rank : ranks_) {
       if (result != ncclSuccess) break;
-      if (cudaSetDevice(rank->device()) != cudaSuccess) {
+      DeviceScope scope(rank->device());  // NCCL takes the rank's device from the current one
+      if (scope.error() != cudaSuccess) {
         result = ncclUnhandledCudaError;
         break;
       }
@@ -286,7 +309,7 @@ Status NcclCommunicator::StartAllReduce(void* data, int64_t count, ReduceDtype d
   if (comm_ == nullptr) return Status(StatusCode::kUnavailable, "the NCCL communicator was aborted");
   if (started_ >= static_cast<int>(bucket_events_.size())) {
     cudaEvent_t start = nullptr, end = nullptr;
-    cudaSetDevice(device_);
+    DeviceScope scope(device_);
     if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess)
       return FailAndAbort("cannot create CUDA events for the gradient sums");
     bucket_events_.emplace_back(start, end);
@@ -351,7 +374,7 @@ Status NcclCommunicator::AllReduceValues(double* values, int count) {
   if (comm_ == nullptr) return Status(StatusCode::kUnavailable, "the NCCL communicator was aborted");
   constexpr int kMaxValues = 64;
   if (count > kMaxValues) return Status(StatusCode::kInternal, "AllReduceValues takes at most 64 values");
-  cudaSetDevice(device_);
+  DeviceScope scope(device_);
   if (values_ == nullptr) {
     cudaError_t error = cudaMalloc(reinterpret_cast<void**>(&values_), kMaxValues * sizeof(double));
     if (error == cudaSuccess) error = cudaMallocHost(reinterpret_cast<void**>(&host_values_), kMaxValues * sizeof(double));

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unistd.h>
@@ -410,6 +413,64 @@ TEST(DataParallel, AReplicaThatNeverArrivesTimesOut) {
   status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
   EXPECT_TRUE(status.ok()) << status.ToString();
   ExpectReplicasIdentical(*dp, 2);
+}
+
+// Each replica runs on one long-lived thread of its own: the same for every call of the session (no thread
+// is created per step: a thread-local count goes on growing), one per replica, never the caller's.
+TEST(DataParallel, EachReplicaKeepsOneThreadAcrossCalls) {
+  std::mutex mutex;
+  std::map<int, std::set<std::thread::id>> threads;
+  std::map<int, int> calls, longest_run_on_one_thread;
+  DataParallelOptions parallel;
+  parallel.fault_injector = [&](int r, const std::string& point) {
+    if (point != "forward_backward" && point != "optim_step") return;
+    thread_local int calls_on_this_thread = 0;
+    ++calls_on_this_thread;
+    std::lock_guard<std::mutex> lock(mutex);
+    threads[r].insert(std::this_thread::get_id());
+    calls[r] += 1;
+    longest_run_on_one_thread[r] = std::max(longest_run_on_one_thread[r], calls_on_this_thread);
+  };
+  auto dp = MakeParallel(TinyOptions(), 3, parallel);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(dp->ForwardBackward(UnevenBatch(3, 16, 60 + step), nullptr).ok());
+    ASSERT_TRUE(dp->OptimStep({}, nullptr).ok());
+    ASSERT_TRUE(dp->TrainStep(UnevenBatch(4, 16, 70 + step), {}, nullptr).ok());
+  }
+  ASSERT_EQ(threads.size(), 3u);
+  std::set<std::thread::id> all;
+  for (const auto& [r, ids] : threads) {
+    EXPECT_EQ(calls[r], 12) << "replica " << r;
+    EXPECT_EQ(longest_run_on_one_thread[r], 12) << "replica " << r << " did not stay on one thread";
+    EXPECT_EQ(ids.size(), 1u) << "replica " << r;
+    all.insert(ids.begin(), ids.end());
+  }
+  EXPECT_EQ(all.size(), 3u);
+  EXPECT_EQ(all.count(std::this_thread::get_id()), 0u);
+}
+
+// Every replica reports where its step went (CPU replicas: host time), and the slowest one is the step's.
+TEST(DataParallel, TimingsCoverEveryReplica) {
+  auto dp = MakeParallel(TinyOptions(), 2);
+  StepStats stats;
+  ASSERT_TRUE(dp->TrainStep(UnevenBatch(4, 24, 3), {}, &stats).ok());
+  DataParallelTimings timings;
+  ASSERT_TRUE(LastDataParallelTimings(*dp, &timings));
+  ASSERT_EQ(timings.per_replica.size(), 2u);
+  double slowest = 0;
+  for (size_t r = 0; r < timings.per_replica.size(); ++r) {
+    SCOPED_TRACE("replica " + std::to_string(r));
+    const ReplicaTimings& t = timings.per_replica[r];
+    EXPECT_GT(t.forward_ms, 0.0);
+    EXPECT_GT(t.backward_ms, 0.0);
+    EXPECT_GE(t.wait_ms, 0.0);
+    EXPECT_GT(t.update_ms, 0.0);
+    EXPECT_DOUBLE_EQ(t.host_forward_ms, t.forward_ms);
+    EXPECT_LE(t.forward_ms + t.backward_ms + t.wait_ms, t.forward_backward_ms + 1e-6);
+    slowest = std::max(slowest, t.forward_backward_ms);
+  }
+  EXPECT_DOUBLE_EQ(timings.forward_backward_ms, slowest);
+  EXPECT_LE(timings.forward_backward_ms, 1e3 * stats.wall_seconds + 1e-6);
 }
 
 TEST(DataParallel, AnUpdateThatFailsOnOneReplicaBreaksTheSession) {

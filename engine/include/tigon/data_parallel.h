@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tigon/engine.h"
 
@@ -47,6 +48,19 @@ Status CreateDataParallelSession(const SessionOptions& options, const DataParall
 // serves the ranks' rendezvous, so it must live until every rank has joined.
 Status NewNcclUniqueId(std::string* unique_id);
 
+// Where one replica's time went in the last step. CUDA replicas time forward and backward with CUDA events
+// on the replica's compute stream (device time); CPU replicas with the host clock.
+struct ReplicaTimings {
+  double forward_ms = 0.0;   // start of forward to the first finished gradient (forward, loss, output layer)
+  double backward_ms = 0.0;  // first finished gradient to the end of backward
+  double wait_ms = 0.0;      // host time waiting for the gradient sums after backward
+  double update_ms = 0.0;    // host time of the optimizer step (it ends with a device synchronisation)
+  double forward_backward_ms = 0.0;  // host time of this replica's whole forward_backward
+  // Host time from the start of forward to the first finished gradient, i.e. until the host had launched
+  // that much: close to forward_ms when launching kernels, not the device, limits the step.
+  double host_forward_ms = 0.0;
+};
+
 // Communication of the last forward_backward (or train_step) on replica 0.
 struct DataParallelTimings {
   int replicas = 0;
@@ -56,9 +70,17 @@ struct DataParallelTimings {
   double allreduce_ms = 0.0;     // total time of the sums
   double exposed_ms = 0.0;       // end of backward to end of the last sum: communication not hidden
   double forward_backward_ms = 0.0;  // wall time of the replicas' forward+backward (slowest replica)
+  std::vector<ReplicaTimings> per_replica;  // this process's replicas, in order
 };
 
 // False when `session` is not data-parallel.
 bool LastDataParallelTimings(const Session& session, DataParallelTimings* timings);
+
+// A Kineto trace of this process for benchmarks: CPU operators of every thread that runs engine calls
+// (replica threads included) and the CUDA kernels of every device. StopTrace writes a Chrome trace JSON
+// (bench/analyze_trace.py reads it). FAILED_PRECONDITION where LibTorch cannot profile (no Kineto) or
+// when no trace is (or one already is) running. Call both from the thread that makes the engine calls.
+Status StartTrace();
+Status StopTrace(const std::string& chrome_trace_path);
 
 }  // namespace tigon
