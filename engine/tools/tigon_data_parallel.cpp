@@ -14,10 +14,20 @@
 //
 //   tigon-data-parallel bench --devices 0,1 --config FILE [--precision bf16] [--rows-per-device 8]
 //                             [--seq 2048] [--steps 8] [--warmup 2] [--bucket-mb 64] [--json FILE]
+//                             [--processes] [--profile DIR]
 //     tokens/s of one device with rows-per-device rows vs all devices with rows-per-device rows each,
-//     and the gradient all-reduce time that backward did not hide (median of the measured steps).
+//     and the gradient all-reduce time that backward did not hide (median of the measured steps). The
+//     one-device runs: each listed device alone (a slow device shows), and a data-parallel session with
+//     one replica on the first device (the hooks and NCCL machinery without a second replica). For the
+//     data-parallel runs, each replica's forward, backward, wait for the sums and update.
+//     --processes: the data-parallel run with one process per device instead of one thread per device
+//     (NCCL ranks, DataParallelOptions.world_size), the same table and JSON.
+//     --profile DIR: after the measured steps, a Kineto trace of two more steps of the one-device run on
+//     the first device and of the data-parallel run (DIR/one_device.json, DIR/data_parallel.json; read
+//     them with bench/analyze_trace.py --per-device).
 //
-// --cpu runs check and bench with replicas on the CPU (one per listed device) to try the tool without GPUs.
+// --cpu runs check and bench with replicas on the CPU (one per listed device) to try the tool without GPUs
+// (--processes needs CUDA devices and NCCL and is refused there).
 //
 // Without --config a small Llama (hidden 256, 4 layers, vocab 512) is used.
 #include <algorithm>
@@ -25,6 +35,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -34,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +71,8 @@ struct Args {
   double bucket_mb = 0;
   std::string json_file;
   bool cpu = false;  // replicas on the CPU (host communicator): a smoke test of this tool without GPUs
+  bool processes = false;   // bench: one process per device
+  std::string profile_dir;  // bench: Kineto traces here
   // rank-child (started by ranks): this process's rank, the hex NCCL unique id, where to write results.
   int rank = 0;
   std::string unique_id_hex;
@@ -68,9 +82,10 @@ struct Args {
 [[noreturn]] void Usage(const char* error) {
   if (error) std::fprintf(stderr, "tigon-data-parallel: %s\n\n", error);
   std::fprintf(stderr,
-               "usage: tigon-data-parallel check|bench [--devices 0,1] [--config FILE] [--precision P]\n"
+               "usage: tigon-data-parallel check|ranks|bench [--devices 0,1] [--config FILE] [--precision P]\n"
                "           [--kernels fused|reference] [--steps N] [--warmup N] [--rows N | --rows-per-device N]\n"
-               "           [--seq T] [--tolerance R] [--bucket-mb MB] [--json FILE]\n");
+               "           [--seq T] [--tolerance R] [--bucket-mb MB] [--json FILE] [--cpu]\n"
+               "           bench only: [--processes] [--profile DIR]\n");
   std::exit(error ? 2 : 0);
 }
 
@@ -86,7 +101,8 @@ Args Parse(int argc, char** argv) {
   if (argc < 2) Usage("give a mode: check or bench");
   Args a;
   a.mode = argv[1];
-  if (a.mode != "check" && a.mode != "bench" && a.mode != "ranks" && a.mode != "rank-child")
+  if (a.mode != "check" && a.mode != "bench" && a.mode != "ranks" && a.mode != "rank-child" &&
+      a.mode != "bench-rank")
     Usage("the mode is check, bench or ranks");
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -107,6 +123,8 @@ Args Parse(int argc, char** argv) {
       else if (k == "--bucket-mb") a.bucket_mb = std::stod(value());
       else if (k == "--json") a.json_file = value();
       else if (k == "--cpu") a.cpu = true;
+      else if (k == "--processes") a.processes = true;
+      else if (k == "--profile") a.profile_dir = value();
       else if (k == "--rank") a.rank = std::stoi(value());
       else if (k == "--unique-id") a.unique_id_hex = value();
       else if (k == "--out") a.out_file = value();
@@ -116,7 +134,13 @@ Args Parse(int argc, char** argv) {
       Usage(("bad number for " + k).c_str());
     }
   }
-  const bool checking = a.mode != "bench";
+  const bool benchmarking = a.mode == "bench" || a.mode == "bench-rank";
+  if (!benchmarking && (a.processes || !a.profile_dir.empty())) Usage("--processes and --profile are bench flags");
+  if (a.processes && a.cpu)
+    Usage("--processes runs one NCCL rank per CUDA device; --cpu has no NCCL (CPU replicas share one process)");
+  if (a.processes && !a.profile_dir.empty())
+    Usage("--profile traces the in-process run; give it without --processes");
+  const bool checking = !benchmarking;
   if (a.precision.empty()) a.precision = checking ? "bf16_mixed" : "bf16";
   if (a.seq == 0) a.seq = checking ? 256 : 2048;
   if (a.devices.size() < 2) Usage("give at least two devices");
@@ -168,10 +192,12 @@ tigon::SessionOptions Options(const Args& a, const std::string& config, std::vec
   return o;
 }
 
-std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, const Args& a, int replicas) {
+// A plain session for one replica, a data-parallel one for several (or for one, with data_parallel).
+std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, const Args& a, int replicas,
+                                       bool data_parallel = false) {
   std::unique_ptr<tigon::Session> session;
   tigon::Status status;
-  if (replicas > 1) {
+  if (replicas > 1 || data_parallel) {
     tigon::DataParallelOptions parallel;
     if (a.cpu) parallel.cpu_replicas = replicas;
     parallel.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
@@ -284,27 +310,89 @@ double Median(std::vector<double> v) {
 }
 
 struct BenchResult {
+  std::string run;  // what was measured, for the tables
   int devices = 0;
   int rows = 0;
   double tokens_per_second = 0, step_ms = 0, allreduce_ms = 0, exposed_ms = 0, fb_ms = 0;
   int buckets = 0, buckets_after_backward = 0;
   int64_t peak_bytes = 0;
+  bool data_parallel = false;
+  std::vector<std::string> replica_devices;  // per replica (data-parallel runs)
+  std::vector<tigon::ReplicaTimings> replicas;  // per replica: the median of each field
 };
 
-BenchResult Bench(const Args& a, const std::string& config, const std::vector<int>& devices) {
+// Per field, the median over steps of each replica's timings.
+std::vector<tigon::ReplicaTimings> MedianTimings(const std::vector<std::vector<tigon::ReplicaTimings>>& steps) {
+  std::vector<tigon::ReplicaTimings> out;
+  if (steps.empty()) return out;
+  out.resize(steps.front().size());
+  for (size_t r = 0; r < out.size(); ++r) {
+    auto median = [&](double tigon::ReplicaTimings::*field) {
+      std::vector<double> values;
+      for (const auto& step : steps)
+        if (r < step.size()) values.push_back(step[r].*field);
+      return Median(values);
+    };
+    out[r].forward_ms = median(&tigon::ReplicaTimings::forward_ms);
+    out[r].backward_ms = median(&tigon::ReplicaTimings::backward_ms);
+    out[r].wait_ms = median(&tigon::ReplicaTimings::wait_ms);
+    out[r].update_ms = median(&tigon::ReplicaTimings::update_ms);
+    out[r].forward_backward_ms = median(&tigon::ReplicaTimings::forward_backward_ms);
+    out[r].host_forward_ms = median(&tigon::ReplicaTimings::host_forward_ms);
+  }
+  return out;
+}
+
+std::string DeviceName(const Args& a, int device) {
+  return a.cpu ? "cpu" : "cuda:" + std::to_string(device);
+}
+
+std::string DeviceList(const std::vector<int>& devices) {
+  std::string out;
+  for (int d : devices) out += (out.empty() ? "" : ",") + std::to_string(d);
+  return out;
+}
+
+// Profiles `steps` more train steps of `session` into `trace_path`; false (with a message) on failure.
+bool ProfileSteps(tigon::Session& session, const std::string& trace_path, int rows, int seq, int vocab) {
+  tigon::Status status = tigon::StartTrace();
+  for (int step = 0; status.ok() && step < 2; ++step) {
+    tigon::StepStats stats;
+    status = session.TrainStep(RandomBatch(rows, seq, vocab, 5000 + step), {}, &stats);
+    if (!status.ok()) {
+      tigon::StopTrace(trace_path);
+      break;
+    }
+  }
+  if (status.ok()) status = tigon::StopTrace(trace_path);
+  if (!status.ok()) {
+    std::fprintf(stderr, "tigon-data-parallel: --profile: %s\n", status.ToString().c_str());
+    return false;
+  }
+  std::printf("trace of 2 steps: %s\n", trace_path.c_str());
+  return true;
+}
+
+// tokens/s and timings of `devices` (one replica each). One device makes a plain session unless
+// data_parallel; trace_path, when given, receives a Kineto trace of two more steps.
+BenchResult Bench(const Args& a, const std::string& config, const std::vector<int>& devices, bool data_parallel,
+                  const std::string& run, const std::string& trace_path, bool* trace_ok) {
   const int vocab = VocabSize(config);
-  auto session = Create(Options(a, config, devices), a, static_cast<int>(devices.size()));
+  auto session = Create(Options(a, config, devices), a, static_cast<int>(devices.size()), data_parallel);
   BenchResult r;
+  r.run = run;
   r.devices = static_cast<int>(devices.size());
   r.rows = a.rows * r.devices;
+  r.data_parallel = data_parallel || r.devices > 1;
+  for (int d : devices) r.replica_devices.push_back(DeviceName(a, d));
   std::vector<double> tps, step_ms, allreduce, exposed, fb;
+  std::vector<std::vector<tigon::ReplicaTimings>> replica_steps;
   for (int step = 0; step < a.warmup + a.steps; ++step) {
     const auto batch = RandomBatch(r.rows, a.seq, vocab, 1000 + step);
     tigon::StepStats stats;
     tigon::Status status = session->TrainStep(batch, {}, &stats);
     if (!status.ok()) {
-      std::fprintf(stderr, "tigon-data-parallel: step on %d device(s) failed: %s\n", r.devices,
-                   status.ToString().c_str());
+      std::fprintf(stderr, "tigon-data-parallel: step of %s failed: %s\n", run.c_str(), status.ToString().c_str());
       std::exit(1);
     }
     if (step < a.warmup) continue;
@@ -319,6 +407,7 @@ BenchResult Bench(const Args& a, const std::string& config, const std::vector<in
       fb.push_back(t.forward_backward_ms);
       r.buckets = t.buckets;
       r.buckets_after_backward = t.buckets_after_backward;
+      replica_steps.push_back(t.per_replica);
     }
   }
   r.tokens_per_second = Median(tps);
@@ -326,49 +415,120 @@ BenchResult Bench(const Args& a, const std::string& config, const std::vector<in
   r.allreduce_ms = Median(allreduce);
   r.exposed_ms = Median(exposed);
   r.fb_ms = Median(fb);
+  r.replicas = MedianTimings(replica_steps);
+  if (!trace_path.empty() && !ProfileSteps(*session, trace_path, r.rows, a.seq, vocab)) *trace_ok = false;
   return r;
 }
 
-int RunBench(const Args& a, const std::string& config) {
-  std::printf("bench: %s, %s kernels, %d rows x %d tokens per device, %d steps after %d warm-up\n",
-              a.precision.c_str(), a.kernels.c_str(), a.rows, a.seq, a.steps, a.warmup);
-  const BenchResult one = Bench(a, config, {a.devices.front()});
-  const BenchResult all = Bench(a, config, a.devices);
-  const double speedup = all.tokens_per_second / one.tokens_per_second;
+std::string Fixed(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return std::string(text);
+}
+
+// The tables and the JSON of a bench: `one` (first device alone, plain session) is the reference of the
+// speed-up, `all` the data-parallel run over every device, `others` further one-device runs.
+void Report(const Args& a, const char* mode, const BenchResult& one, const std::vector<BenchResult>& others,
+            const BenchResult& all) {
+  std::vector<const BenchResult*> runs = {&one};
+  for (const auto& r : others) runs.push_back(&r);
+  runs.push_back(&all);
+  const double speedup = one.tokens_per_second > 0 ? all.tokens_per_second / one.tokens_per_second : 0.0;
   const double hidden_share = all.allreduce_ms > 0 ? 1.0 - all.exposed_ms / all.allreduce_ms : 0.0;
-  std::printf("\n| devices | batch | tokens/s | step ms | all-reduce ms | not hidden ms | share not hidden | "
+  std::printf("\n| run | devices | batch | tokens/s | step ms | all-reduce ms | not hidden ms | share not hidden | "
               "buckets (after backward) | peak GiB |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  auto fixed = [](const char* format, double value) {
-    char text[64];
-    std::snprintf(text, sizeof text, format, value);
-    return std::string(text);
-  };
-  for (const auto* r : {&one, &all}) {
-    const bool dp = r->devices > 1;
-    const std::string allreduce = dp ? fixed("%.2f", r->allreduce_ms) : "-";
-    const std::string exposed = dp ? fixed("%.2f", r->exposed_ms) : "-";
-    const std::string share = dp ? fixed("%.1f%%", r->allreduce_ms > 0 ? 100.0 * r->exposed_ms / r->allreduce_ms : 0.0)
-                                 : "-";
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto* r : runs) {
+    const bool dp = r->data_parallel;
+    const std::string allreduce = dp ? Fixed("%.2f", r->allreduce_ms) : "-";
+    const std::string exposed = dp ? Fixed("%.2f", r->exposed_ms) : "-";
+    const std::string share =
+        dp ? Fixed("%.1f%%", r->allreduce_ms > 0 ? 100.0 * r->exposed_ms / r->allreduce_ms : 0.0) : "-";
     const std::string buckets =
         dp ? std::to_string(r->buckets) + " (" + std::to_string(r->buckets_after_backward) + ")" : "-";
-    std::printf("| %d | %d x %d | %.0f | %.1f | %s | %s | %s | %s | %.1f |\n", r->devices, r->rows, a.seq,
-                r->tokens_per_second, r->step_ms, allreduce.c_str(), exposed.c_str(), share.c_str(), buckets.c_str(),
-                r->peak_bytes / double(1 << 30));
+    std::printf("| %s | %d | %d x %d | %.0f | %.1f | %s | %s | %s | %s | %.1f |\n", r->run.c_str(), r->devices,
+                r->rows, a.seq, r->tokens_per_second, r->step_ms, allreduce.c_str(), exposed.c_str(), share.c_str(),
+                buckets.c_str(), r->peak_bytes / double(1 << 30));
   }
-  std::printf("\nspeed-up %.3fx on %zu devices (target >= %.2fx); %.1f%% of the all-reduce time hidden behind "
+  std::printf("\nPer replica (medians; forward and backward are device time on CUDA, from CUDA events; "
+              "host forward is when the host had launched that far):\n");
+  std::printf("| run | replica | device | forward ms | backward ms | waiting for sums ms | update ms | "
+              "forward+backward ms | host forward ms |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto* r : runs) {
+    for (size_t i = 0; i < r->replicas.size(); ++i) {
+      const auto& t = r->replicas[i];
+      const std::string device = i < r->replica_devices.size() ? r->replica_devices[i] : "?";
+      std::printf("| %s | %zu | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f |\n", r->run.c_str(), i, device.c_str(),
+                  t.forward_ms, t.backward_ms, t.wait_ms, t.update_ms, t.forward_backward_ms, t.host_forward_ms);
+    }
+  }
+  std::printf("\nspeed-up %.3fx on %zu devices (%s; target >= %.2fx); %.1f%% of the all-reduce time hidden behind "
               "backward\n",
-              speedup, a.devices.size(), 0.95 * a.devices.size(), 100.0 * hidden_share);
-  if (!a.json_file.empty()) {
-    std::ofstream out(a.json_file);
-    out << "{\"precision\": \"" << a.precision << "\", \"seq\": " << a.seq << ", \"rows_per_device\": " << a.rows
-        << ", \"devices\": " << a.devices.size() << ", \"tokens_per_second_one\": " << one.tokens_per_second
-        << ", \"tokens_per_second_all\": " << all.tokens_per_second << ", \"speedup\": " << speedup
-        << ", \"allreduce_ms\": " << all.allreduce_ms << ", \"exposed_ms\": " << all.exposed_ms
-        << ", \"forward_backward_ms\": " << all.fb_ms << ", \"step_ms_one\": " << one.step_ms
-        << ", \"step_ms_all\": " << all.step_ms << ", \"buckets\": " << all.buckets
-        << ", \"buckets_after_backward\": " << all.buckets_after_backward
-        << ", \"peak_bytes_one\": " << one.peak_bytes << ", \"peak_bytes_all\": " << all.peak_bytes << "}\n";
+              speedup, a.devices.size(), mode, 0.95 * a.devices.size(), 100.0 * hidden_share);
+  if (a.json_file.empty()) return;
+  std::ofstream out(a.json_file);
+  auto replicas_json = [](const BenchResult& r) {
+    std::ostringstream json;
+    json << "[";
+    for (size_t i = 0; i < r.replicas.size(); ++i) {
+      const auto& t = r.replicas[i];
+      json << (i ? ", " : "") << "{\"device\": \"" << (i < r.replica_devices.size() ? r.replica_devices[i] : "")
+           << "\", \"forward_ms\": " << t.forward_ms << ", \"backward_ms\": " << t.backward_ms
+           << ", \"wait_ms\": " << t.wait_ms << ", \"update_ms\": " << t.update_ms
+           << ", \"forward_backward_ms\": " << t.forward_backward_ms << ", \"host_forward_ms\": " << t.host_forward_ms
+           << "}";
+    }
+    return json.str() + "]";
+  };
+  out << "{\"mode\": \"" << mode << "\", \"precision\": \"" << a.precision << "\", \"seq\": " << a.seq
+      << ", \"rows_per_device\": " << a.rows << ", \"devices\": " << a.devices.size()
+      << ", \"tokens_per_second_one\": " << one.tokens_per_second
+      << ", \"tokens_per_second_all\": " << all.tokens_per_second << ", \"speedup\": " << speedup
+      << ", \"allreduce_ms\": " << all.allreduce_ms << ", \"exposed_ms\": " << all.exposed_ms
+      << ", \"forward_backward_ms\": " << all.fb_ms << ", \"step_ms_one\": " << one.step_ms
+      << ", \"step_ms_all\": " << all.step_ms << ", \"buckets\": " << all.buckets
+      << ", \"buckets_after_backward\": " << all.buckets_after_backward
+      << ", \"peak_bytes_one\": " << one.peak_bytes << ", \"peak_bytes_all\": " << all.peak_bytes
+      << ", \"replicas\": " << replicas_json(all) << ", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = *runs[i];
+    out << (i ? ", " : "") << "{\"run\": \"" << r.run << "\", \"devices\": " << r.devices
+        << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"step_ms\": " << r.step_ms
+        << ", \"data_parallel\": " << (r.data_parallel ? "true" : "false") << ", \"replicas\": " << replicas_json(r)
+        << "}";
+  }
+  out << "]}\n";
+}
+
+int RunBench(const Args& a, const std::string& config) {
+  std::printf("bench: %s, %s kernels, %d rows x %d tokens per device, %d steps after %d warm-up, %s\n",
+              a.precision.c_str(), a.kernels.c_str(), a.rows, a.seq, a.steps, a.warmup,
+              a.cpu ? "CPU replicas" : "one thread per device in this process");
+  bool trace_ok = true;
+  std::string one_trace, all_trace;
+  if (!a.profile_dir.empty()) {
+    std::error_code ignored;
+    std::filesystem::create_directories(a.profile_dir, ignored);
+    one_trace = a.profile_dir + "/one_device.json";
+    all_trace = a.profile_dir + "/data_parallel.json";
+  }
+  const int front = a.devices.front();
+  const BenchResult one =
+      Bench(a, config, {front}, false, "1 device alone: " + DeviceName(a, front), one_trace, &trace_ok);
+  std::vector<BenchResult> others;
+  for (size_t i = 1; i < a.devices.size(); ++i)
+    others.push_back(Bench(a, config, {a.devices[i]}, false, "1 device alone: " + DeviceName(a, a.devices[i]), "",
+                           &trace_ok));
+  others.push_back(
+      Bench(a, config, {front}, true, "1 replica, data-parallel session: " + DeviceName(a, front), "", &trace_ok));
+  const BenchResult all = Bench(a, config, a.devices, true,
+                                std::to_string(a.devices.size()) + " devices, one thread each: " +
+                                    (a.cpu ? std::string("cpu") : "cuda:" + DeviceList(a.devices)),
+                                all_trace, &trace_ok);
+  Report(a, "threads", one, others, all);
+  if (!trace_ok) {
+    std::printf("profile: FAILED (see the message above)\n");
+    return 1;
   }
   return 0;
 }
@@ -438,6 +598,39 @@ int RankChild(const Args& a, const std::string& config) {
   return out ? 0 : 1;
 }
 
+// Starts `self` with `args` (args[0] is the program name); -1 on failure.
+pid_t Spawn(const char* self, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  return pid;
+}
+
+// Waits for every child; as soon as one fails, the others are stopped (SIGTERM) instead of waiting for them
+// in a collective until their timeout. True when all exited with 0.
+bool WaitForChildren(std::vector<pid_t> children) {
+  bool ok = true;
+  size_t left = children.size();
+  while (left > 0) {
+    int wstatus = 0;
+    const pid_t pid = waitpid(-1, &wstatus, 0);
+    if (pid < 0) return false;
+    auto it = std::find(children.begin(), children.end(), pid);
+    if (it == children.end()) continue;
+    *it = -1;
+    --left;
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
+    if (ok) {
+      for (pid_t other : children)
+        if (other > 0) kill(other, SIGTERM);
+    }
+    ok = false;
+  }
+  return ok;
+}
+
 int Ranks(const Args& a, const std::string& config, const char* self) {
   const int ranks = static_cast<int>(a.devices.size());
   std::string id;
@@ -460,23 +653,15 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
       args.push_back("--config");
       args.push_back(a.config_file);
     }
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
+    const pid_t pid = Spawn(self, args);
+    if (pid < 0) {
       std::printf("ranks: cannot start rank %d\n", r);
+      WaitForChildren(children);
       return 1;
     }
     children.push_back(pid);
   }
-  bool children_ok = true;
-  for (pid_t pid : children) {
-    int wstatus = 0;
-    waitpid(pid, &wstatus, 0);
-    children_ok = children_ok && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
-  }
-  if (!children_ok) {
+  if (!WaitForChildren(children)) {
     std::printf("ranks: a rank failed\nranks: FAILED\n");
     return 1;
   }
@@ -518,6 +703,155 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
   return ok ? 0 : 1;
 }
 
+// One rank of bench --processes: trains its rows of the bench batches (those the in-process bench splits
+// the same way) and writes to --out one "step <ms>" line per measured step, then "comm <all-reduce ms>
+// <not hidden ms> <forward+backward ms> <buckets> <after backward> <peak bytes>" and "replica <forward>
+// <backward> <wait> <update> <forward+backward> <host forward>" (medians).
+int BenchRankChild(const Args& a, const std::string& config) {
+  const int vocab = VocabSize(config);
+  const int ranks = static_cast<int>(a.devices.size());
+  tigon::DataParallelOptions parallel;
+  parallel.world_size = ranks;
+  parallel.rank = a.rank;
+  parallel.nccl_unique_id = FromHex(a.unique_id_hex);
+  parallel.collective_timeout_seconds = 120;
+  parallel.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
+  std::unique_ptr<tigon::Session> session;
+  tigon::Status status =
+      tigon::CreateDataParallelSession(Options(a, config, {a.devices[a.rank]}), parallel, &session);
+  if (!status.ok()) {
+    std::fprintf(stderr, "rank %d: creating the session failed: %s\n", a.rank, status.ToString().c_str());
+    return 1;
+  }
+  const int rows = a.rows * ranks;
+  std::vector<double> step_ms, allreduce, exposed, fb;
+  std::vector<std::vector<tigon::ReplicaTimings>> replica_steps;
+  int buckets = 0, after_backward = 0;
+  int64_t peak = 0;
+  for (int step = 0; step < a.warmup + a.steps; ++step) {
+    const auto batch = RandomBatch(rows, a.seq, vocab, 1000 + step);
+    tigon::StepStats stats;
+    status = session->TrainStep(RowsOfRank(batch, a.rank, ranks), {}, &stats);
+    if (!status.ok()) {
+      std::fprintf(stderr, "rank %d: step %d failed: %s\n", a.rank, step, status.ToString().c_str());
+      return 1;
+    }
+    if (step < a.warmup) continue;
+    step_ms.push_back(1e3 * stats.wall_seconds);
+    peak = std::max(peak, stats.peak_allocated_bytes);
+    tigon::DataParallelTimings t;
+    if (tigon::LastDataParallelTimings(*session, &t)) {
+      allreduce.push_back(t.allreduce_ms);
+      exposed.push_back(t.exposed_ms);
+      fb.push_back(t.forward_backward_ms);
+      buckets = t.buckets;
+      after_backward = t.buckets_after_backward;
+      replica_steps.push_back(t.per_replica);
+    }
+  }
+  std::ofstream out(a.out_file);
+  out.precision(17);
+  for (double ms : step_ms) out << "step " << ms << "\n";
+  out << "comm " << Median(allreduce) << " " << Median(exposed) << " " << Median(fb) << " " << buckets << " "
+      << after_backward << " " << peak << "\n";
+  for (const auto& t : MedianTimings(replica_steps))
+    out << "replica " << t.forward_ms << " " << t.backward_ms << " " << t.wait_ms << " " << t.update_ms << " "
+        << t.forward_backward_ms << " " << t.host_forward_ms << "\n";
+  return out ? 0 : 1;
+}
+
+// bench --processes: one process per device (NCCL ranks); the world's tokens/s from the slowest rank of
+// each step, then the first device alone in this process for the speed-up.
+int RunBenchProcesses(const Args& a, const std::string& config, const char* self) {
+  const int ranks = static_cast<int>(a.devices.size());
+  std::printf("bench: %s, %s kernels, %d rows x %d tokens per device, %d steps after %d warm-up, one process per "
+              "device\n",
+              a.precision.c_str(), a.kernels.c_str(), a.rows, a.seq, a.steps, a.warmup);
+  std::string id;
+  tigon::Status status = tigon::NewNcclUniqueId(&id);
+  if (!status.ok()) {
+    std::fprintf(stderr, "tigon-data-parallel: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  const std::string base = "/tmp/tigon_bench_ranks_" + std::to_string(::getpid());
+  std::vector<pid_t> children;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> args = {self, "bench-rank", "--devices", DeviceList(a.devices), "--rank",
+                                     std::to_string(r), "--unique-id", ToHex(id), "--out",
+                                     base + "." + std::to_string(r), "--precision", a.precision, "--kernels",
+                                     a.kernels, "--steps", std::to_string(a.steps), "--warmup",
+                                     std::to_string(a.warmup), "--rows", std::to_string(a.rows), "--seq",
+                                     std::to_string(a.seq), "--bucket-mb", Fixed("%.17g", a.bucket_mb)};
+    if (!a.config_file.empty()) {
+      args.push_back("--config");
+      args.push_back(a.config_file);
+    }
+    const pid_t pid = Spawn(self, args);
+    if (pid < 0) {
+      std::fprintf(stderr, "tigon-data-parallel: cannot start rank %d\n", r);
+      WaitForChildren(children);
+      return 1;
+    }
+    children.push_back(pid);
+  }
+  if (!WaitForChildren(children)) {
+    std::fprintf(stderr, "tigon-data-parallel: a rank failed (see its messages above)\n");
+    return 1;
+  }
+  BenchResult all;
+  all.run = std::to_string(ranks) + " devices, one process each: cuda:" + DeviceList(a.devices);
+  all.devices = ranks;
+  all.rows = a.rows * ranks;
+  all.data_parallel = true;
+  std::vector<std::vector<double>> step_ms(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    const std::string path = base + "." + std::to_string(r);
+    std::ifstream in(path);
+    std::string kind;
+    while (in >> kind) {
+      if (kind == "step") {
+        double ms = 0;
+        in >> ms;
+        step_ms[r].push_back(ms);
+      } else if (kind == "comm") {
+        double allreduce = 0, exposed = 0, fb = 0;
+        int buckets = 0, after = 0;
+        int64_t peak = 0;
+        in >> allreduce >> exposed >> fb >> buckets >> after >> peak;
+        if (r == 0) {
+          all.allreduce_ms = allreduce;
+          all.exposed_ms = exposed;
+          all.buckets = buckets;
+          all.buckets_after_backward = after;
+        }
+        all.fb_ms = std::max(all.fb_ms, fb);
+        all.peak_bytes = std::max(all.peak_bytes, peak);
+      } else if (kind == "replica") {
+        tigon::ReplicaTimings t;
+        in >> t.forward_ms >> t.backward_ms >> t.wait_ms >> t.update_ms >> t.forward_backward_ms >> t.host_forward_ms;
+        all.replicas.push_back(t);
+        all.replica_devices.push_back(DeviceName(a, a.devices[r]));
+      }
+    }
+    std::remove(path.c_str());
+    if (step_ms[r].size() != static_cast<size_t>(a.steps)) {
+      std::fprintf(stderr, "tigon-data-parallel: rank %d reported %zu of %d steps\n", r, step_ms[r].size(), a.steps);
+      return 1;
+    }
+  }
+  // A step of the world lasts as long as its slowest rank.
+  std::vector<double> world_ms(a.steps, 0.0);
+  for (int step = 0; step < a.steps; ++step)
+    for (int r = 0; r < ranks; ++r) world_ms[step] = std::max(world_ms[step], step_ms[r][step]);
+  all.step_ms = Median(world_ms);
+  all.tokens_per_second = all.step_ms > 0 ? static_cast<double>(all.rows) * a.seq / (all.step_ms / 1e3) : 0.0;
+  bool unused = true;
+  const BenchResult one = Bench(a, config, {a.devices.front()}, false,
+                                "1 device alone: " + DeviceName(a, a.devices.front()), "", &unused);
+  Report(a, "processes", one, {}, all);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -530,5 +864,11 @@ int main(int argc, char** argv) {
     return Ranks(args, config, self);
   }
   if (args.mode == "rank-child") return RankChild(args, config);
+  if (args.mode == "bench-rank") return BenchRankChild(args, config);
+  if (args.processes) {
+    char self[4096] = {};
+    if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
+    return RunBenchProcesses(args, config, self);
+  }
   return RunBench(args, config);
 }
