@@ -8,8 +8,9 @@
 --per-device adds, for each GPU: busy time (the union of its kernels, so overlapping streams count once),
 idle gaps, the top kernels, how much NCCL kernel time overlaps compute kernels on the same device, and how
 long kernels waited between their launch call on the host and their start on the device (a short wait for
-most kernels means the device was waiting for the host). --baseline compares each device's kernel time by
-category and its top kernels with another trace (e.g. the same model on one device alone).
+most kernels means the device was waiting for the host); then the host CUDA calls that took the most time
+(synchronisations, allocations, launches). --baseline compares each device's kernel time by category, its
+top kernels and the mean time of host CUDA calls with another trace (e.g. one device alone).
 """
 import argparse
 import json
@@ -171,6 +172,28 @@ def device_report(events, kernels, steps, top, gap_us):
     return rows
 
 
+def host_api_calls(events):
+    """Host CUDA runtime/driver calls by name: [total µs, calls]. Synchronisations, allocations and memory
+    mappings show here, and launches that take longer when replicas share a process."""
+    out = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES:
+            out[e["name"]][0] += e.get("dur", 0)
+            out[e["name"]][1] += 1
+    return out
+
+
+def host_api_report(events, steps, top):
+    calls = host_api_calls(events)
+    if not calls:
+        return {}
+    print(f"\n| host CUDA call (top {top} by time, all threads) | ms/step | calls/step | mean µs |\n"
+          "| --- | --- | --- | --- |")
+    for name, (us, count) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"| {name} | {us / steps / 1e3:.2f} | {count / steps:.0f} | {us / count:.1f} |")
+    return {name: us / count for name, (us, count) in calls.items()}
+
+
 def compare(kernels, baseline_kernels, steps, baseline_steps, top):
     """Each device's kernel time by category and its top kernels against the baseline trace's (all devices
     of the baseline together, normally one)."""
@@ -229,14 +252,25 @@ def main():
     summarize(kernels, args.steps, args.top)
     if args.per_device:
         rows = device_report(events, kernels, args.steps, min(args.top, 15), 1e3 * args.gap_ms)
+        mean_us = host_api_report(events, args.steps, min(args.top, 15))
+        for row in rows.values():
+            row["launch_call_mean_us"] = mean_us.get("cudaLaunchKernel", float("nan"))
         if args.summary_json:
             with open(args.summary_json, "w") as f:
                 json.dump({str(device): row for device, row in rows.items()}, f, indent=1)
     if args.baseline:
-        baseline = gpu_events(load(args.baseline))
+        baseline_events = load(args.baseline)
+        baseline = gpu_events(baseline_events)
         if not baseline:
             raise SystemExit("no GPU kernels in the baseline trace")
         compare(kernels, baseline, args.steps, args.baseline_steps or args.steps, min(args.top, 15))
+        here, there = host_api_calls(events), host_api_calls(baseline_events)
+        common = sorted(set(here) & set(there), key=lambda name: -here[name][0])[:10]
+        if common:
+            print("\n| host CUDA call vs baseline | mean µs here | mean µs baseline | ratio |\n| --- | --- | --- | --- |")
+            for name in common:
+                a, b = here[name][0] / here[name][1], there[name][0] / there[name][1]
+                print(f"| {name} | {a:.1f} | {b:.1f} | {a / b if b > 0 else float('nan'):.2f} |")
 
 
 if __name__ == "__main__":

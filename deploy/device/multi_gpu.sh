@@ -99,7 +99,8 @@ for name, label in (("trace_one_device.json", "trace, one device alone"), ("trac
                      f"busy {d['busy_ms']:.1f} of {d['span_ms']:.1f} ms ({100 * d['busy_share']:.0f}%), longest gap "
                      f"{d['longest_gap_ms']:.2f} ms, nccl {d['nccl_ms']:.1f} ms ({d['nccl_overlapping_compute_ms']:.1f} "
                      f"over compute), launch wait median {d['launch_wait_median_us']:.0f} us, "
-                     f"{100 * d['kernels_waited_under_50us_share']:.0f}% of kernels waited < 50 us"))
+                     f"{100 * d['kernels_waited_under_50us_share']:.0f}% of kernels waited < 50 us, "
+                     f"cudaLaunchKernel {d.get('launch_call_mean_us', float('nan')):.1f} us"))
 print("\n| measurement | value |\n| --- | --- |")
 for k, v in rows:
     print(f"| {k} | {v} |")
