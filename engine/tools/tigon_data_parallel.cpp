@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -343,6 +344,15 @@ std::vector<tigon::ReplicaTimings> MedianTimings(const std::vector<std::vector<t
   return out;
 }
 
+// CPUs the calling thread may run on (threads it creates inherit the set): a library that narrowed it
+// would crowd every replica's threads onto a few cores.
+int AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+  return CPU_COUNT(&set);
+}
+
 std::string DeviceName(const Args& a, int device) {
   return a.cpu ? "cpu" : "cuda:" + std::to_string(device);
 }
@@ -379,6 +389,8 @@ BenchResult Bench(const Args& a, const std::string& config, const std::vector<in
                   const std::string& run, const std::string& trace_path, bool* trace_ok) {
   const int vocab = VocabSize(config);
   auto session = Create(Options(a, config, devices), a, static_cast<int>(devices.size()), data_parallel);
+  std::printf("%s: created; this thread may run on %d CPUs\n", run.c_str(), AllowedCpus());
+  std::fflush(stdout);
   BenchResult r;
   r.run = run;
   r.devices = static_cast<int>(devices.size());
@@ -501,9 +513,10 @@ void Report(const Args& a, const char* mode, const BenchResult& one, const std::
 }
 
 int RunBench(const Args& a, const std::string& config) {
-  std::printf("bench: %s, %s kernels, %d rows x %d tokens per device, %d steps after %d warm-up, %s\n",
+  std::printf("bench: %s, %s kernels, %d rows x %d tokens per device, %d steps after %d warm-up, %s; %d CPUs "
+              "allowed\n",
               a.precision.c_str(), a.kernels.c_str(), a.rows, a.seq, a.steps, a.warmup,
-              a.cpu ? "CPU replicas" : "one thread per device in this process");
+              a.cpu ? "CPU replicas" : "one thread per device in this process", AllowedCpus());
   bool trace_ok = true;
   std::string one_trace, all_trace;
   if (!a.profile_dir.empty()) {
