@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(kThreads) glu_forward_kernel(const GluForwardP
   }
 }
 
+// Each pack's loads (dy, a, b) come before its stores (da, db), and no pointer is __restrict__: an output may
+// be one of the inputs (in place, same layout).
 template <typename T, int kVec, typename Act>
 __global__ void __launch_bounds__(kThreads) glu_backward_kernel(const GluBackwardParams p, const Geometry g) {
   const int64_t packs = g.cols / kVec;

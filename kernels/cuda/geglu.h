@@ -4,7 +4,9 @@
 // Forward reads a and b, writes y; nothing extra is saved (the op keeps a and b).
 // Backward recomputes the activation:
 //   gelu'(a) = 0.5 (1 + tanh(u)) + 0.5 a (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 a^2)
-//   da = dy * b * gelu'(a),   db = dy * gelu_tanh(a)        (both =; they may alias a and b).
+//   da = dy * b * gelu'(a),   db = dy * gelu_tanh(a)        (both =).
+// da and db may each be dy, a or b itself (same pointer and row stride): every element is read before it
+// is written, by the thread that writes it. glu_linear writes da over its own dy this way.
 // Same operand layout as SwiGLU (kernels/cuda/swiglu.h); fp32 math; 64-bit offsets.
 #pragma once
 

@@ -2,7 +2,9 @@
 //
 // Forward reads a and b, writes y; nothing extra is saved (the op keeps a and b).
 // Backward recomputes the activation: s = sigmoid(a), silu = a s,
-//   da = dy * b * s * (1 + a (1 - s)),   db = dy * silu      (both =; they may alias a and b).
+//   da = dy * b * s * (1 + a (1 - s)),   db = dy * silu      (both =).
+// da and db may each be dy, a or b itself (same pointer and row stride): every element is read before it
+// is written, by the thread that writes it. glu_linear writes da over its own dy this way.
 // Rows have unit stride inside and any row stride between them (a and b may be the two halves of one
 // gate_up projection); fp32 math; 64-bit offsets.
 #pragma once

@@ -2,8 +2,11 @@
 // CUDA tensors go to kernels/cuda/geglu.cu; CPU tensors run the same math here in fp32 (float64 for float64
 // inputs), rounded once.
 // Saved: a and b. Backward recomputes the activation instead of keeping it.
+// geglu_backward_out is the same backward outside autograd, into given outputs that may be the incoming
+// gradient itself (written in place): glu_linear uses it to put da over a gradient it owns.
 #include "kernels/cuda/geglu.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -32,9 +35,21 @@ void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(a.device() == b.device(), "tigon::geglu: a and b on different devices");
 }
 
-torch::Tensor AsRows(const torch::Tensor& t) {
-  auto rows = t.reshape({-1, t.size(-1)});
-  return rows.stride(1) == 1 ? rows : rows.contiguous();
+// dy like a; da and db contiguous like a, apart from each other, and each either exactly one of dy, a, b
+// (same elements, same strides) or apart from all three.
+void CheckBackwardOperands(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                           const torch::Tensor& da, const torch::Tensor& db) {
+  CheckInputs(a, b);
+  TORCH_CHECK(dy.sizes() == a.sizes() && dy.scalar_type() == a.scalar_type() && dy.device() == a.device(),
+              "tigon::geglu_backward_out: dy must match a (", a.sizes(), ", ", a.scalar_type(), "), got ",
+              dy.sizes(), ", ", dy.scalar_type());
+  for (const auto* out : {&da, &db}) {
+    TORCH_CHECK(out->sizes() == a.sizes() && out->scalar_type() == a.scalar_type() && out->device() == a.device() &&
+                    out->is_contiguous(),
+                "tigon::geglu_backward_out: da and db must be contiguous with a's shape, dtype and device");
+    for (const auto* in : {&dy, &a, &b}) at::assert_no_partial_overlap(*out, *in);
+  }
+  at::assert_no_overlap(da, db);
 }
 
 // ---- CPU fused path -------------------------------------------------------------------------------------
@@ -49,20 +64,27 @@ torch::Tensor GeGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 // gelu'(a) = s + 2 a s (1 - s) u'(a), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 a^2).
-std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a,
-                                                         const torch::Tensor& b) {
+// da and db may be dy, a or b themselves: both are computed in full before either is stored.
+void GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                      const torch::Tensor& da, const torch::Tensor& db) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
   auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
   auto gelu_grad = s + 2.0 * af * s * (1.0 - s) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
-  auto da = dyf * bf * gelu_grad;
-  auto db = dyf * af * s;
-  return {da.to(a.scalar_type()), db.to(b.scalar_type())};
+  auto da_acc = dyf * bf * gelu_grad;
+  auto db_acc = dyf * af * s;
+  da.copy_(da_acc);
+  db.copy_(db_acc);
 }
 
 // ---- CUDA path ------------------------------------------------------------------------------------------
 
 #ifdef TIGON_CUDA_KERNELS
+torch::Tensor AsRows(const torch::Tensor& t) {
+  auto rows = t.reshape({-1, t.size(-1)});
+  return rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
 cuda::GluOperand Operand(const torch::Tensor& t) {
   return {t.data_ptr(), t.stride(0)};
 }
@@ -85,25 +107,34 @@ torch::Tensor GeGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
   return y.view(a.sizes());
 }
 
-std::pair<torch::Tensor, torch::Tensor> GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a,
-                                                          const torch::Tensor& b) {
+// dy in a's dtype; da and db contiguous (the kernel reads every element before writing it, so either may be
+// dy, a or b).
+void GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                       const torch::Tensor& da, const torch::Tensor& db) {
+  if (da.numel() == 0) return;
+  const int64_t cols = a.size(-1);
   auto a2d = AsRows(a), b2d = AsRows(b), dy2d = AsRows(dy);
-  auto da = torch::empty({a2d.size(0), a2d.size(1)}, a.options());
-  auto db = torch::empty_like(da);
-  if (da.numel() == 0) return {da.view(a.sizes()), db.view(a.sizes())};
   cuda::GluBackwardParams p;
   p.dy = Operand(dy2d);
   p.a = Operand(a2d);
   p.b = Operand(b2d);
-  p.da = Output(da);
-  p.db = Output(db);
+  p.da = Output(da.view({-1, cols}));
+  p.db = Output(db.view({-1, cols}));
   p.rows = a2d.size(0);
-  p.cols = a2d.size(1);
+  p.cols = cols;
   p.dtype = CudaDType(a);
   CheckLaunch(cuda::geglu_backward(p, CurrentCudaStream(a.device())), "geglu_backward");
-  return {da.view(a.sizes()), db.view(a.sizes())};
 }
 #endif  // TIGON_CUDA_KERNELS
+
+// da, db: contiguous, a's shape and dtype.
+void GeGLUBackward(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& da,
+                   const torch::Tensor& db) {
+#ifdef TIGON_CUDA_KERNELS
+  if (a.is_cuda()) return GeGLUBackwardCuda(dy.to(a.scalar_type()), a, b, da, db);
+#endif
+  GeGLUBackwardCpu(dy, a, b, da, db);
+}
 
 // ---- autograd function ----------------------------------------------------------------------------------
 
@@ -121,15 +152,11 @@ class GeGLUFunction : public torch::autograd::Function<GeGLUFunction> {
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    c10::OptionalDeviceGuard guard(saved[0].device());
-    const auto& dy = grad_outputs[0];
-#ifdef TIGON_CUDA_KERNELS
-    if (dy.is_cuda()) {
-      auto [da, db] = GeGLUBackwardCuda(dy.to(saved[0].scalar_type()), saved[0], saved[1]);
-      return {da, db};
-    }
-#endif
-    auto [da, db] = GeGLUBackwardCpu(dy, saved[0], saved[1]);
+    const auto& a = saved[0];
+    c10::OptionalDeviceGuard guard(a.device());
+    auto da = torch::empty(a.sizes(), a.options());
+    auto db = torch::empty_like(da);
+    GeGLUBackward(grad_outputs[0], a, saved[1], da, db);
     return {da, db};
   }
 };
@@ -142,6 +169,14 @@ torch::Tensor GeGLUOp(const torch::Tensor& a, const torch::Tensor& b) {
 
 torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) {
   return GeGLUOp(a, b);
+}
+
+void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& da, const torch::Tensor& db) {
+  CheckBackwardOperands(dy, a, b, da, db);
+  c10::OptionalDeviceGuard guard(a.device());
+  torch::NoGradGuard no_grad;
+  GeGLUBackward(dy, a, b, da, db);
 }
 
 }  // namespace tigon::ops

@@ -4,6 +4,14 @@
 // down projection's weight gradient. At Llama-3.2-1B shapes (8 x 2048 tokens, intermediate 8192, bf16)
 // that is 256 MiB less per layer, 4 GiB over 16 layers. Forward values and gradients are the same as
 // swiglu/geglu followed by a linear layer: the same products in the same order.
+//
+// Backward memory beyond the saved a, b, weight and the incoming grad_y (T rows, I = a's width, O = out):
+// h = act(a) * b is recomputed without a graph and freed once the weight gradient is taken; then
+// grad_h = grad_y @ weight, and the activation's backward writes grad_a over grad_h (a buffer this node
+// owns) and grad_b into the only other fresh [T, I] buffer. Peak: 2 T I + O I (the weight gradient).
+// Recomputing h with its autograd graph and asking autograd for (grad_a, grad_b) held h, grad_h, grad_a and
+// grad_b at once: 4 T I + O I. Llama-3-8B at T = 32768 (I = 14336, bf16): 1.75 GiB instead of 3.5 GiB.
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include "kernels/ops/ops.h"
@@ -36,27 +44,40 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    auto saved = ctx->get_saved_variables();
-    const bool gelu = ctx->saved_data["gelu"].toBool();
+    torch::NoGradGuard no_grad;
+    const auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
     const auto& weight = saved[2];
-    auto grad_y = grad_outputs[0];
-    // Recompute the activation through the fused op, so its own backward gives d/da and d/db.
-    auto a = saved[0].detach().requires_grad_(true);
-    auto b = saved[1].detach().requires_grad_(true);
-    torch::Tensor h;
-    {
-      torch::AutoGradMode enable(true);
-      h = Activate(a, b, gelu);
-    }
+    const bool gelu = ctx->saved_data["gelu"].toBool();
+    const auto& grad_y = grad_outputs[0];
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
-    auto grad_y_rows = grad_y.reshape({-1, out_features});
     torch::Tensor grad_weight;
-    if (ctx->needs_input_grad(2)) grad_weight = grad_y_rows.t().mm(h.detach().reshape({-1, in_features}));
+    if (ctx->needs_input_grad(2)) {
+      // h lives only for this product: it is gone before grad_h exists.
+      const auto h = Activate(a, b, gelu);
+      grad_weight = grad_y.reshape({-1, out_features}).t().mm(h.reshape({-1, in_features}));
+    }
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1)) return {{}, {}, grad_weight, {}};
+    // A fresh product that nothing else refers to: grad_a is written over it.
     auto grad_h = grad_y.matmul(weight);
-    auto grads = torch::autograd::grad({h}, {a, b}, {grad_h});
-    return {grads[0], grads[1], grad_weight, torch::Tensor()};
+    if (grad_h.scalar_type() != a.scalar_type() || !grad_h.is_contiguous()) {
+      grad_h = grad_h.contiguous().to(a.scalar_type());
+    }
+    auto grad_b = torch::empty(a.sizes(), a.options());
+    if (gelu) {
+      geglu_backward_out(grad_h, a, b, grad_h, grad_b);
+    } else {
+      swiglu_backward_out(grad_h, a, b, grad_h, grad_b);
+    }
+    return {grad_h, grad_b, grad_weight, torch::Tensor()};
   }
 };
+
+torch::Tensor GluLinearOp(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                          const c10::optional<torch::Tensor>& bias, bool gelu) {
+  return glu_linear(a, b, weight, bias.has_value() ? *bias : torch::Tensor(), gelu);
+}
 
 }  // namespace
 
@@ -71,3 +92,11 @@ torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const t
 }
 
 }  // namespace tigon::ops
+
+TORCH_LIBRARY_FRAGMENT(tigon, m) {
+  m.def("glu_linear(Tensor a, Tensor b, Tensor weight, Tensor? bias, bool gelu) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) {
+  m.impl("glu_linear", &tigon::ops::GluLinearOp);
+}

@@ -47,6 +47,14 @@ torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b);
 // gelu_tanh(a) * b. Saves a and b; recomputes gelu in backward.
 torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b);
 
+// swiglu's / geglu's backward without autograd, into da and db (contiguous, a's shape and dtype; dy: a's
+// shape and dtype): the values their autograd backward returns. Either output may be dy, a or b itself (in
+// place), so a caller that owns dy needs fresh memory for db only.
+void swiglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                         const torch::Tensor& da, const torch::Tensor& db);
+void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& da, const torch::Tensor& db);
+
 // linear(swiglu(a, b) or geglu(a, b), weight, bias) as one autograd node that saves a, b and weight and
 // recomputes the activation in backward (the gated MLP's down projection). bias may be undefined.
 torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,

@@ -317,6 +317,11 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
 // weight or bias is an empty tensor (autograd functions take no undefined inputs). Saves h, the weights and
 // rstd but not rms_norm(h): backward recomputes it with the forward kernel (bit-identical, as h and rstd
 // are), so the projections' shared input costs no memory between forward and backward.
+// Backward memory beyond the saved tensors and the incoming gradients (T rows, hidden H, out features O_i):
+// y = rms_norm(h) lives only while the weight gradients are taken, then dy = sum_i g_i @ w_i (accumulated in
+// one buffer with addmm_) and dh: 2 T H + sum_i O_i H (the weight gradients). Keeping y until dh was
+// computed held 3 T H + sum_i O_i H. Llama-3-8B at T = 32768 (H = 4096, bf16): 0.5 GiB instead of 0.75 GiB
+// of [T, H] buffers.
 class RMSNormLinearsFunction : public torch::autograd::Function<RMSNormLinearsFunction> {
  public:
   static bool Given(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
@@ -370,27 +375,42 @@ class RMSNormLinearsFunction : public torch::autograd::Function<RMSNormLinearsFu
     const auto mode = ToCasting(ctx->saved_data["casting"].toInt());
     const bool has_residual = ctx->saved_data["has_residual"].toBool();
     const int64_t bias_mask = ctx->saved_data["bias_mask"].toInt();
-    const auto y = RMSNormForward(h2d, weight, ctx->saved_data["eps"].toDouble(), offset, mode).first;
-    torch::Tensor dy;
-    tensor_list dw(3), db(3);
+    // Projection i's incoming gradient (undefined where the projection is absent or its output unused).
+    tensor_list grads(3);
     size_t output = 0;
+    bool weight_grads = false;
     for (int i = 0; i < 3; ++i) {
-      const auto& w = saved[3 + i];
-      if (!Given(w)) continue;
-      const auto& g = grad_outputs[output++];
-      if (!g.defined()) continue;
-      const auto g2d = g.reshape({-1, w.size(0)});
-      dw[i] = g2d.t().mm(y);
-      if (bias_mask & (1 << i)) db[i] = g2d.sum(0);
-      // One rounding per projection: cuBLAS accumulates beta * dy in fp32.
-      if (dy.defined()) {
-        dy.addmm_(g2d, w);
-      } else {
-        dy = g2d.mm(w);
-      }
+      if (!Given(saved[3 + i])) continue;
+      grads[i] = grad_outputs[output++];
+      weight_grads = weight_grads || (grads[i].defined() && ctx->needs_input_grad(3 + i));
     }
     const torch::Tensor d_residual_out = has_residual ? grad_outputs[output] : torch::Tensor();
-    if (!dy.defined()) dy = torch::zeros_like(y);
+    auto rows_of = [&](int i) { return grads[i].reshape({-1, saved[3 + i].size(0)}); };
+    // The weight gradients first, while the recomputed y lives; it is freed before dy and dh exist.
+    tensor_list dw(3), db(3);
+    if (weight_grads) {
+      const auto y = RMSNormForward(h2d, weight, ctx->saved_data["eps"].toDouble(), offset, mode).first;
+      for (int i = 0; i < 3; ++i) {
+        if (grads[i].defined() && ctx->needs_input_grad(3 + i)) dw[i] = rows_of(i).t().mm(y);
+      }
+    }
+    // dy = sum_i g_i @ w_i, accumulated into one buffer. One rounding per projection: cuBLAS accumulates
+    // beta * dy in fp32.
+    torch::Tensor dy;
+    for (int i = 0; i < 3; ++i) {
+      if (!grads[i].defined()) continue;
+      const auto g2d = rows_of(i);
+      if (bias_mask & (1 << i)) db[i] = g2d.sum(0);
+      if (dy.defined()) {
+        dy.addmm_(g2d, saved[3 + i]);
+      } else {
+        dy = g2d.mm(saved[3 + i]);
+      }
+    }
+    if (!dy.defined()) {
+      dy = torch::zeros({h2d.size(0), h2d.size(1)},
+                        h2d.options().dtype(OutputType(h2d.scalar_type(), weight.scalar_type(), mode)));
+    }
     auto [dh, dweight] = RMSNormBackward(dy, h2d, d_residual_out, weight, rstd, offset, mode);
     const auto dx = dh.view(ctx->saved_data["sizes"].toIntVector());
     return {dx, has_residual ? dx : torch::Tensor(), dweight, dw[0], dw[1], dw[2], db[0], db[1], db[2],

@@ -35,6 +35,13 @@ torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b);
 // gelu_tanh(a) * b. Saves a and b; recomputes gelu in backward.
 torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b);
 
+// The gradients of swiglu / geglu above (autograd through them) written into da and db; computed in full
+// before either is stored, so da or db may be dy, a or b itself.
+void swiglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                         const torch::Tensor& da, const torch::Tensor& db);
+void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& da, const torch::Tensor& db);
+
 // logits [N, V], target [N] (int64). token_weights [N] (optional, float) multiplies each token's loss;
 // kMean still divides by the count of non-ignored targets. Computes the gradient during forward.
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,

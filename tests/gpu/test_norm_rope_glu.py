@@ -470,3 +470,117 @@ def test_rms_norm_past_int32_elements(seed):
         dw_ref += terms.sum(0)
         sq += terms.pow(2).sum(0)
     assert_sum_close(dw, dw_ref, sq, torch.bfloat16, "dweight over all rows")
+
+
+# ------------------------------------------------------------------------ glu_linear (activation + down_proj)
+
+
+def glu_linear_previous(op, a, b, w, dy):
+    """glu_linear's backward as it was before grad_a went in place over grad_h: h recomputed with its autograd
+    graph, dw = dy^T h, grad_h = dy @ w, (da, db) from autograd through the fused activation."""
+    fused, _ = GLU[op]
+    a_leaf, b_leaf = leaf(a), leaf(b)
+    h = fused(a_leaf, b_leaf)
+    dw = dy.reshape(-1, w.shape[0]).t().mm(h.detach().reshape(-1, w.shape[1]))
+    da, db = torch.autograd.grad(h, (a_leaf, b_leaf), dy.matmul(w))
+    return da, db, dw
+
+
+GLU_LINEAR_CASES = [  # name: (a and b's shape, out features, layout)
+    ("llama_mlp", (2, 129, 1024), 384, "plain"),
+    ("odd", (7, 37), 19, "plain"),
+    ("gate_up_halves", (77, 1024), 256, "fused_gate_up"),
+    ("transposed", (77, 1024), 256, "transposed"),
+    ("misaligned", (77, 1024), 256, "misaligned"),
+]
+
+
+def glu_linear_inputs(shape, out_features, layout, dtype):
+    if layout == "fused_gate_up":
+        a, b = (torch.randn(*shape[:-1], 2 * shape[-1], device=DEV) * 3).to(dtype).chunk(2, dim=-1)
+    elif layout == "transposed":
+        a = (torch.randn(shape[1], shape[0], device=DEV) * 3).to(dtype).t()
+        b = torch.randn(shape[1], shape[0], device=DEV).to(dtype).t()
+    else:
+        a = (torch.randn(shape, device=DEV) * 3).to(dtype)
+        b = torch.randn(shape, device=DEV).to(dtype)
+        if layout == "misaligned":
+            a = misaligned(a)
+    w = (torch.randn(out_features, shape[-1], device=DEV) / math.sqrt(shape[-1])).to(dtype)
+    dy = torch.randn(*shape[:-1], out_features, device=DEV).to(dtype)
+    if layout == "transposed":  # and a transposed incoming gradient
+        dy = torch.randn(out_features, shape[0], device=DEV).to(dtype).t()
+    return a, b, w, dy
+
+
+@pytest.mark.parametrize("op", list(GLU))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GLU_LINEAR_CASES, ids=lambda c: c[0])
+def test_glu_linear(seed, op, dtype, case):
+    """Bit for bit the previous backward (same kernels and matmuls, grad_a now written over grad_h), and
+    within tolerance of float64 arithmetic on the same rounded inputs."""
+    _, shape, out_features, layout = case
+    a, b, w, dy = glu_linear_inputs(shape, out_features, layout, dtype)
+    a, b, w = leaf(a), leaf(b), leaf(w)
+    poison_cache(8 * nbytes(a))
+    y = tigon.glu_linear(a, b, w, None, op == "geglu")
+    poison_cache(8 * nbytes(a))
+    da, db, dw = torch.autograd.grad(y, (a, b, w), dy)
+    da_prev, db_prev, dw_prev = glu_linear_previous(op, a.detach(), b.detach(), w.detach(), dy)
+    assert torch.equal(y, F.linear(GLU[op][0](a.detach(), b.detach()), w.detach())), "y"
+    assert torch.equal(da, da_prev), "da differs from the previous backward"
+    assert torch.equal(db, db_prev), "db differs from the previous backward"
+    assert torch.equal(dw, dw_prev), "dw differs from the previous backward"
+
+    # float64: h and grad_h are rounded to the dtype before their matmuls in the fused path; bounds relative
+    # to the largest entry (bf16 2^-8, fp16 2^-11, fp32 TF32-free cuBLAS ~1e-6 per rounding, sums over rows).
+    rel = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
+    a64, b64, w64 = leaf(a.detach().double()), leaf(b.detach().double()), leaf(w.detach().double())
+    y64 = F.linear(GLU[op][1](a64, b64), w64)
+    grads64 = torch.autograd.grad(y64, (a64, b64, w64), dy.double())
+    for name, actual, expected in zip(("y", "da", "db", "dw"), (y, da, db, dw), (y64,) + grads64):
+        diff = (actual.double() - expected).abs().max().item()
+        assert diff <= rel * expected.abs().max().item(), f"{name}: max |diff| {diff:.3e}"
+
+
+def glu_linear_fwd_bwd_peak(run, inputs, dy):
+    """Peak bytes allocated above what is live before `run` (the inputs, dy), over forward and backward
+    together, with the returned gradients counted. A first pass warms up the cuBLAS workspace."""
+    for measured in (False, True):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = run()
+        grads = torch.autograd.grad(y, inputs, dy)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del y, grads
+    return peak
+
+
+@pytest.mark.parametrize("op", list(GLU))
+@pytest.mark.parametrize("tokens", [8192, 32768])
+def test_glu_linear_backward_memory(op, tokens):
+    """Llama-3-8B's MLP (H = 4096, I = 14336, bf16). The backward holds at most two [T, I] buffers at once
+    (h, then grad_h overwritten by grad_a, and grad_b) besides the saved a, b: the peak above the inputs is
+    2 T I (the returned grad_a and grad_b) + T H (the output y, alive through backward) + H I (the weight
+    gradient) + 32 MiB. Recomputing h with its graph and asking autograd for grad_a and grad_b held
+    4 T I; the unfused composition holds more still, which this bound must reject."""
+    T, H, I = tokens, 4096, 14336
+    gelu = op == "geglu"
+    dtype = torch.bfloat16
+    a = leaf(torch.randn(T, I, device=DEV, dtype=dtype))
+    b = leaf(torch.randn(T, I, device=DEV, dtype=dtype))
+    w = leaf((torch.randn(H, I, device=DEV, dtype=dtype) * 0.01))
+    dy = torch.randn(T, H, device=DEV, dtype=dtype)
+    es = torch.finfo(dtype).bits // 8
+    mib = 1 << 20
+    bound = (2 * T * I + T * H + H * I) * es + 32 * mib
+
+    fused = glu_linear_fwd_bwd_peak(lambda: tigon.glu_linear(a, b, w, None, gelu), (a, b, w), dy)
+    activation = (lambda x: F.gelu(x, approximate="tanh")) if gelu else F.silu
+    unfused = glu_linear_fwd_bwd_peak(lambda: F.linear(activation(a) * b, w), (a, b, w), dy)
+    print(f"T={T} {op}: glu_linear peak {fused / mib:.0f} MiB, 2TI+TH+HI {(bound - 32 * mib) / mib:.0f} MiB, "
+          f"4TI+TH+HI {((4 * T * I + T * H + H * I) * es) / mib:.0f} MiB, unfused {unfused / mib:.0f} MiB")
+    assert fused <= bound, f"glu_linear fwd+bwd peak {fused / mib:.0f} MiB above the inputs > {bound / mib:.0f} MiB"
+    assert unfused > bound, "the unfused composition fits the bound: the measurement does not see transients"

@@ -1,7 +1,17 @@
-// glu_linear (activation + down projection in one node, activation recomputed in backward) against the
-// unfused composition reference::swiglu/geglu followed by a linear layer, in float64 and in bf16.
+// glu_linear (activation + down projection in one node, activation recomputed in backward) against:
+//   * the backward it had before it wrote grad_a in place (recompute h, weight gradient, grad_h = grad_y @ W,
+//     the activation's fused backward into fresh grad_a and grad_b), written out below: bit for bit, in
+//     fp32, float64, bf16 and fp16, on odd shapes and non-contiguous inputs;
+//   * the unfused composition reference::swiglu/geglu followed by a linear layer, in float64 (and in bf16),
+//     and a float64 evaluation of it on the rounded inputs of the lower precisions.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/ops/ops.h"
 #include "kernels/reference/reference.h"
@@ -13,11 +23,12 @@ struct Grads {
 };
 
 Grads RunGlu(bool fused, bool gelu, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& w0,
-          const torch::Tensor& bias0, const torch::Tensor& dy) {
-  auto a = a0.detach().clone().requires_grad_(true);
-  auto b = b0.detach().clone().requires_grad_(true);
-  auto w = w0.detach().clone().requires_grad_(true);
-  torch::Tensor bias = bias0.defined() ? bias0.detach().clone().requires_grad_(true) : torch::Tensor();
+             const torch::Tensor& bias0, const torch::Tensor& dy) {
+  // New leaves over the same memory: the inputs keep their layout (a clone of a strided half would not).
+  auto a = a0.detach().requires_grad_(true);
+  auto b = b0.detach().requires_grad_(true);
+  auto w = w0.detach().requires_grad_(true);
+  torch::Tensor bias = bias0.defined() ? bias0.detach().requires_grad_(true) : torch::Tensor();
   torch::Tensor y;
   if (fused) {
     y = tigon::ops::glu_linear(a, b, w, bias, gelu);
@@ -75,6 +86,154 @@ TEST(GluLinear, Bf16MatchesTheUnfusedPath) {
   ExpectClose(f.dw, r.dw, 1e-2, 2e-2 * r.dw.abs().max().item<double>(), "dw");
   ExpectClose(f.da, r.da, 1e-2, 1e-2, "da");
   ExpectClose(f.db, r.db, 1e-2, 1e-2, "db");
+}
+
+// ---- against the backward as it was before grad_a went in place -------------------------------------------
+
+// The fused CPU backward formulas of swiglu.cpp / geglu.cpp as they were when they returned fresh da and db
+// (fp32 math, float64 for float64, one rounding). Copied here so the comparison does not depend on the code
+// under test.
+std::pair<torch::Tensor, torch::Tensor> PreviousActivationBackward(bool gelu, const torch::Tensor& dy,
+                                                                   const torch::Tensor& a, const torch::Tensor& b) {
+  const auto acc = a.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
+  if (!gelu) {
+    auto s = torch::sigmoid(af);
+    auto da = dyf * bf * s * (1.0 + af * (1.0 - s));
+    auto db = dyf * af * s;
+    return {da.to(a.scalar_type()), db.to(b.scalar_type())};
+  }
+  constexpr double kSqrt2OverPi = 0.7978845608028654, kCubic = 0.044715;
+  auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
+  auto gelu_grad = s + 2.0 * af * s * (1.0 - s) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
+  auto da = dyf * bf * gelu_grad;
+  auto db = dyf * af * s;
+  return {da.to(a.scalar_type()), db.to(b.scalar_type())};
+}
+
+// glu_linear's previous composition: h = act(a) * b (the fused forward), y = linear(h, w); in backward h is
+// recomputed, dw = grad_y^T h, grad_h = grad_y @ w, (da, db) from the activation's backward.
+Grads PreviousGluLinear(bool gelu, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& w,
+                        const torch::Tensor& dy) {
+  torch::NoGradGuard no_grad;
+  auto h = gelu ? tigon::ops::geglu(a, b) : tigon::ops::swiglu(a, b);
+  Grads g;
+  g.y = at::linear(h, w);
+  g.dw = dy.reshape({-1, w.size(0)}).t().mm(h.reshape({-1, w.size(1)}));
+  auto grad_h = dy.matmul(w);
+  std::tie(g.da, g.db) = PreviousActivationBackward(gelu, grad_h, a, b);
+  return g;
+}
+
+struct GluInputs {
+  std::string name;
+  torch::Tensor a, b, w, dy;
+};
+
+// Odd shapes and the layouts the model produces: plain, 3-D, 1-D, no rows, the strided halves of one
+// gate_up projection with a transposed incoming gradient, and transposed a and b.
+std::vector<GluInputs> Inputs(torch::ScalarType dtype) {
+  auto r = [&](std::vector<int64_t> shape, double scale = 1.0) { return (torch::randn(shape) * scale).to(dtype); };
+  std::vector<GluInputs> cases;
+  cases.push_back({"[3, 7, 37] -> 19", r({3, 7, 37}, 3.0), r({3, 7, 37}), r({19, 37}, 0.2), r({3, 7, 19})});
+  cases.push_back({"[37] -> 5", r({37}, 3.0), r({37}), r({5, 37}, 0.2), r({5})});
+  cases.push_back({"[0, 37] -> 19", r({0, 37}), r({0, 37}), r({19, 37}, 0.2), r({0, 19})});
+  auto gate_up = r({13, 2 * 45}, 3.0);
+  cases.push_back({"gate_up halves [13, 45] -> 22, dy transposed", gate_up.narrow(-1, 0, 45),
+                   gate_up.narrow(-1, 45, 45), r({22, 45}, 0.2), r({22, 13}).t()});
+  cases.push_back({"transposed [29, 64] -> 33", r({64, 29}, 3.0).t(), r({64, 29}).t(), r({33, 64}, 0.2), r({29, 33})});
+  return cases;
+}
+
+bool CpuMatmulSupports(torch::ScalarType dtype) {
+  try {
+    torch::ones({2, 2}, dtype).mm(torch::ones({2, 2}, dtype));
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+TEST(GluLinear, BitIdenticalToThePreviousBackward) {
+  torch::manual_seed(3);
+  int compared = 0;
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf}) {
+    if (!CpuMatmulSupports(dtype)) continue;  // fp16 matmul on CPU is missing from some LibTorch builds
+    for (bool gelu : {false, true}) {
+      for (const auto& c : Inputs(dtype)) {
+        const std::string tag = c10::toString(dtype) + std::string(gelu ? " geglu " : " swiglu ") + c.name;
+        auto expected = PreviousGluLinear(gelu, c.a, c.b, c.w, c.dy);
+        auto actual = RunGlu(true, gelu, c.a, c.b, c.w, {}, c.dy);
+        EXPECT_TRUE(torch::equal(actual.y, expected.y)) << tag << ": y";
+        EXPECT_TRUE(torch::equal(actual.da, expected.da)) << tag << ": da";
+        EXPECT_TRUE(torch::equal(actual.db, expected.db)) << tag << ": db";
+        EXPECT_TRUE(torch::equal(actual.dw, expected.dw)) << tag << ": dw";
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GE(compared, 30);  // fp32, float64 and bf16 at least
+}
+
+TEST(GluLinear, GradientsOfFrozenInputsAreSkippedAndTheRestUnchanged) {
+  torch::manual_seed(4);
+  for (bool gelu : {false, true}) {
+    const auto c = Inputs(torch::kBFloat16)[0];
+    auto expected = PreviousGluLinear(gelu, c.a, c.b, c.w, c.dy);
+    // Frozen weight: no weight gradient, da and db as before.
+    {
+      auto a = c.a.clone().requires_grad_(true), b = c.b.clone().requires_grad_(true);
+      tigon::ops::glu_linear(a, b, c.w, {}, gelu).backward(c.dy);
+      EXPECT_TRUE(torch::equal(a.grad(), expected.da) && torch::equal(b.grad(), expected.db)) << gelu;
+      EXPECT_FALSE(c.w.grad().defined());
+    }
+    // Frozen a and b (e.g. a frozen trunk): only the weight gradient, as before.
+    {
+      auto w = c.w.clone().requires_grad_(true);
+      tigon::ops::glu_linear(c.a, c.b, w, {}, gelu).backward(c.dy);
+      EXPECT_TRUE(torch::equal(w.grad(), expected.dw)) << gelu;
+    }
+  }
+}
+
+// Every dtype against float64 arithmetic on the same rounded inputs. Bounds relative to the largest entry:
+// h and grad_h are rounded to the dtype before their matmuls (bf16 2^-8, fp16 2^-11 relative), dw sums
+// T products of such values.
+TEST(GluLinear, CloseToFloat64OnRoundedInputs) {
+  torch::manual_seed(5);
+  const std::map<torch::ScalarType, double> tol = {
+      {torch::kFloat, 1e-5}, {torch::kBFloat16, 2e-2}, {torch::kHalf, 4e-3}};
+  for (const auto& [dtype, rel] : tol) {
+    if (!CpuMatmulSupports(dtype)) continue;
+    for (bool gelu : {false, true}) {
+      for (const auto& c : Inputs(dtype)) {
+        if (c.a.numel() == 0) continue;
+        const std::string tag = c10::toString(dtype) + std::string(gelu ? " geglu " : " swiglu ") + c.name;
+        auto f = RunGlu(true, gelu, c.a, c.b, c.w, {}, c.dy);
+        auto r = RunGlu(false, gelu, c.a.to(torch::kDouble), c.b.to(torch::kDouble), c.w.to(torch::kDouble), {},
+                        c.dy.to(torch::kDouble));
+        for (const auto& [actual, expected, what] :
+             std::vector<std::tuple<torch::Tensor, torch::Tensor, std::string>>{
+                 {f.y, r.y, "y"}, {f.da, r.da, "da"}, {f.db, r.db, "db"}, {f.dw, r.dw, "dw"}}) {
+          const double scale = expected.abs().max().item<double>();
+          const double diff = (actual.to(torch::kDouble) - expected).abs().max().item<double>();
+          EXPECT_LE(diff, rel * scale) << tag << ": " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(GluLinear, RegisteredTorchOpMatchesTheFunction) {
+  torch::manual_seed(6);
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("tigon::glu_linear", "")
+                .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                     const c10::optional<torch::Tensor>&, bool)>();
+  auto a = torch::randn({5, 12}, torch::kDouble), b = torch::randn({5, 12}, torch::kDouble);
+  auto w = torch::randn({7, 12}, torch::kDouble), bias = torch::randn({7}, torch::kDouble);
+  EXPECT_TRUE(torch::equal(op.call(a, b, w, bias, true), tigon::ops::glu_linear(a, b, w, bias, true)));
+  EXPECT_TRUE(torch::equal(op.call(a, b, w, c10::nullopt, false), tigon::ops::glu_linear(a, b, w, {}, false)));
 }
 
 }  // namespace

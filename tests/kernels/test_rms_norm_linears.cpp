@@ -128,4 +128,65 @@ TEST(RMSNormLinearsCpu, UnusedOutputsAndBadArgumentsAreHandled) {
                c10::Error);
 }
 
+// The backward's products written out in the order they are taken (the weight gradients from the recomputed
+// norm, dy accumulated with addmm_, then the norm's own backward through the autograd rms_norm /
+// add_rms_norm): rms_norm_linears must give these bit for bit, whatever it frees in between.
+TEST(RMSNormLinearsCpu, BitIdenticalToItsProductsWrittenOut) {
+  torch::manual_seed(20);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (bool residual : {false, true}) {
+      for (bool frozen_weights : {false, true}) {
+        const std::string tag = std::string(c10::toString(dtype)) + (residual ? " residual" : "") +
+                                (frozen_weights ? " frozen weights" : "");
+        auto opt = torch::TensorOptions().dtype(dtype);
+        auto x = torch::randn({3, 11, 40}, opt), res = torch::randn({3, 11, 40}, opt);
+        auto norm_w = (torch::randn({40}) * 0.3 + 1.0).to(dtype);
+        std::vector<torch::Tensor> ws = {(torch::randn({56, 40}) * 0.1).to(dtype),
+                                         (torch::randn({24, 40}) * 0.1).to(dtype)};
+        std::vector<torch::Tensor> gs = {torch::randn({3, 11, 56}, opt), torch::randn({3, 11, 24}, opt)};
+        auto g_res = torch::randn({3, 11, 40}, opt);
+
+        auto xa = x.clone().requires_grad_(true), ra = res.clone().requires_grad_(true);
+        auto nwa = norm_w.clone().requires_grad_(true);
+        std::vector<torch::Tensor> wa = {ws[0].clone().requires_grad_(!frozen_weights),
+                                         ws[1].clone().requires_grad_(!frozen_weights)};
+        auto outs = tigon::ops::rms_norm_linears(xa, residual ? ra : torch::Tensor(), nwa, 1e-6, 0.0,
+                                                 RMSNormCasting::kLlama, wa);
+        std::vector<torch::Tensor> grads = gs;
+        if (residual) grads.push_back(g_res);
+        torch::autograd::backward(outs, grads);
+
+        auto xe = x.clone().requires_grad_(true), re = res.clone().requires_grad_(true);
+        auto nwe = norm_w.clone().requires_grad_(true);
+        torch::Tensor y, h;
+        if (residual) {
+          std::tie(y, h) = tigon::ops::add_rms_norm(xe, re, nwe, 1e-6, 0.0, RMSNormCasting::kLlama);
+        } else {
+          y = tigon::ops::rms_norm(xe, nwe, 1e-6, 0.0, RMSNormCasting::kLlama);
+        }
+        auto y2d = y.detach().reshape({-1, 40});
+        auto dy = gs[0].reshape({-1, 56}).mm(ws[0]);
+        dy.addmm_(gs[1].reshape({-1, 24}), ws[1]);
+        if (residual) {
+          torch::autograd::backward({y, h}, {dy.view(y.sizes()), g_res});
+        } else {
+          y.backward(dy.view(y.sizes()));
+        }
+        for (size_t i = 0; i < 2; ++i) {
+          EXPECT_TRUE(torch::equal(outs[i], at::linear(y2d, ws[i]).view(outs[i].sizes()))) << tag << ": output " << i;
+          if (frozen_weights) {
+            EXPECT_FALSE(wa[i].grad().defined()) << tag;
+          } else {
+            EXPECT_TRUE(torch::equal(wa[i].grad(), gs[i].reshape({-1, ws[i].size(0)}).t().mm(y2d)))
+                << tag << ": dw" << i;
+          }
+        }
+        EXPECT_TRUE(torch::equal(xa.grad(), xe.grad())) << tag << ": dx";
+        EXPECT_TRUE(torch::equal(nwa.grad(), nwe.grad())) << tag << ": dweight";
+        if (residual) EXPECT_TRUE(torch::equal(ra.grad(), re.grad())) << tag << ": dresidual";
+      }
+    }
+  }
+}
+
 }  // namespace
