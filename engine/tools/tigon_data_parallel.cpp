@@ -666,9 +666,11 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
       args.push_back("--config");
       args.push_back(a.config_file);
     }
+    std::fflush(stdout);
     const pid_t pid = Spawn(self, args);
     if (pid < 0) {
       std::printf("ranks: cannot start rank %d\n", r);
+      for (pid_t started : children) kill(started, SIGTERM);  // they would wait for it until their timeout
       WaitForChildren(children);
       return 1;
     }
@@ -799,9 +801,11 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
       args.push_back("--config");
       args.push_back(a.config_file);
     }
+    std::fflush(stdout);
     const pid_t pid = Spawn(self, args);
     if (pid < 0) {
       std::fprintf(stderr, "tigon-data-parallel: cannot start rank %d\n", r);
+      for (pid_t started : children) kill(started, SIGTERM);  // they would wait for it until their timeout
       WaitForChildren(children);
       return 1;
     }
