@@ -40,6 +40,10 @@ nvidia-smi --query-gpu=$GPU_QUERY --format=csv > "$LOGS/gpus_before.csv" 2>&1 ||
 $TIGON_PYTHON -c "import json, sys; sys.path.insert(0, 'bench'); from model_configs import MODELS; \
 print(json.dumps(dict(MODELS['llama3.2-1b'], model_type='llama')))" > "$LOGS/llama3.2-1b.json"
 export NCCL_DEBUG=${NCCL_DEBUG:-VERSION}
+# Clocks and power while the benchmarks run, every 250 ms: do the GPUs slow down when both are busy?
+nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+  --format=csv,noheader,nounits -lms 250 > "$LOGS/gpus_during_bench.csv" 2>/dev/null &
+SAMPLER=$!
 BENCH_ARGS=(--devices "$DEVICES" --config "$LOGS/llama3.2-1b.json" --precision bf16 --rows-per-device 8 --seq 2048
             --steps 8 --warmup 2)
 TAIL_LINES=24 run_phase dp_scaling_threads timeout -k 10 200 $BIN bench "${BENCH_ARGS[@]}" \
@@ -47,6 +51,7 @@ TAIL_LINES=24 run_phase dp_scaling_threads timeout -k 10 200 $BIN bench "${BENCH
 nvidia-smi --query-gpu=$GPU_QUERY --format=csv > "$LOGS/gpus_after_threads.csv" 2>&1 || true
 TAIL_LINES=14 run_phase dp_scaling_processes timeout -k 10 150 $BIN bench "${BENCH_ARGS[@]}" --processes \
   --json "$LOGS/dp_scaling_processes.json"
+kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
 if [[ -f $LOGS/profile/data_parallel.json ]]; then
   TAIL_LINES=60 run_phase dp_trace_analysis timeout -k 10 90 bash -c "
     $TIGON_PYTHON bench/analyze_trace.py $LOGS/profile/data_parallel.json --steps 2 --per-device \
@@ -101,6 +106,35 @@ for name, label in (("trace_one_device.json", "trace, one device alone"), ("trac
                      f"over compute), launch wait median {d['launch_wait_median_us']:.0f} us, "
                      f"{100 * d['kernels_waited_under_50us_share']:.0f}% of kernels waited < 50 us, "
                      f"cudaLaunchKernel {d.get('launch_call_mean_us', float('nan')):.1f} us"))
+# GPU clocks from the sampler: each GPU busy alone (the other idle) against both busy.
+samples = []
+try:
+    with open(os.path.join(logs, "gpus_during_bench.csv")) as f:
+        for line in f:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 6:
+                samples.append([float(p) if p.replace(".", "", 1).isdigit() else float("nan") for p in parts])
+except OSError:
+    pass
+gpus = sorted({int(s[0]) for s in samples})
+if len(gpus) > 1:
+    blocks = [samples[i:i + len(gpus)] for i in range(0, len(samples) - len(gpus) + 1, len(gpus))]
+    blocks = [b for b in blocks if [int(s[0]) for s in b] == gpus]
+    for gpu in gpus:
+        alone, both = [], []
+        for b in blocks:
+            busy = {int(s[0]): s[1] > 50 for s in b}
+            this = next(s for s in b if int(s[0]) == gpu)
+            if busy[gpu] and all(busy.values()):
+                both.append(this)
+            elif busy[gpu] and not any(v for g, v in busy.items() if g != gpu):
+                alone.append(this)
+        def describe(group):
+            if not group:
+                return "no samples"
+            med = lambda i: sorted(s[i] for s in group)[len(group) // 2]
+            return f"SM {med(2):.0f} MHz, {med(4):.0f} W, {med(5):.0f} C ({len(group)} samples)"
+        rows.append((f"GPU {gpu} clocks busy alone / with the others busy", f"{describe(alone)} / {describe(both)}"))
 print("\n| measurement | value |\n| --- | --- |")
 for k, v in rows:
     print(f"| {k} | {v} |")
