@@ -532,9 +532,10 @@ def test_glu_linear(seed, op, dtype, case):
     assert torch.equal(db, db_prev), "db differs from the previous backward"
     assert torch.equal(dw, dw_prev), "dw differs from the previous backward"
 
-    # float64: h and grad_h are rounded to the dtype before their matmuls in the fused path; bounds relative
-    # to the largest entry (bf16 2^-8, fp16 2^-11, fp32 TF32-free cuBLAS ~1e-6 per rounding, sums over rows).
-    rel = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
+    # float64: h and grad_h are rounded to the dtype before their matmuls in the fused path, and cuBLAS may
+    # reduce split-K partial sums in the dtype (PyTorch's default for bf16/fp16). Bounds relative to the
+    # largest entry: bf16 2^-8 and fp16 2^-11 per rounding, a few roundings deep; fp32 (no TF32) ~1e-6 each.
+    rel = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
     a64, b64, w64 = leaf(a.detach().double()), leaf(b.detach().double()), leaf(w.detach().double())
     y64 = F.linear(GLU[op][1](a64, b64), w64)
     grads64 = torch.autograd.grad(y64, (a64, b64, w64), dy.double())

@@ -197,12 +197,12 @@ TEST(GluLinear, GradientsOfFrozenInputsAreSkippedAndTheRestUnchanged) {
 }
 
 // Every dtype against float64 arithmetic on the same rounded inputs. Bounds relative to the largest entry:
-// h and grad_h are rounded to the dtype before their matmuls (bf16 2^-8, fp16 2^-11 relative), dw sums
-// T products of such values.
+// h and grad_h are rounded to the dtype before their matmuls (bf16 2^-8, fp16 2^-11 relative), and a CPU
+// matmul may round its partial sums as well (fp16: a few roundings of 2^-11 over <= 64 terms).
 TEST(GluLinear, CloseToFloat64OnRoundedInputs) {
   torch::manual_seed(5);
   const std::map<torch::ScalarType, double> tol = {
-      {torch::kFloat, 1e-5}, {torch::kBFloat16, 2e-2}, {torch::kHalf, 4e-3}};
+      {torch::kFloat, 1e-5}, {torch::kBFloat16, 2e-2}, {torch::kHalf, 1e-2}};
   for (const auto& [dtype, rel] : tol) {
     if (!CpuMatmulSupports(dtype)) continue;
     for (bool gelu : {false, true}) {
