@@ -1,6 +1,8 @@
 """GPU suite for the norm, RoPE and gated-activation kernels: torch.ops.tigon.rms_norm, add_rms_norm,
 layer_norm, rope, swiglu and geglu (CUDA path), forward and backward, against the Hugging Face
-compositions written out below and evaluated in float64 on the same (rounded) inputs.
+compositions written out below and evaluated in float64 on the same (rounded) inputs; and glu_linear
+(activation + down projection): bit for bit its previous backward, and its forward+backward peak memory at
+Llama-3-8B's MLP shape (torch.cuda.max_memory_allocated).
 
 Run on the GPU machine (CUDA LibTorch build of libtigon_kernels.so):
     TIGON_KERNELS_LIB=build-gpu/kernels/libtigon_kernels.so /opt/torch/.venv/bin/python3 -m pytest -q tests/gpu/test_norm_rope_glu.py
