@@ -14,6 +14,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include "kernels/ops/glu_linear.h"
 #include "kernels/ops/ops.h"
 
 namespace tigon::ops {
@@ -31,7 +32,7 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
   // The bias (rare: Llama's mlp_bias) is added outside this node: LibTorch's custom functions ask every
   // tensor argument for its device, which an undefined tensor does not have.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
-                               const torch::Tensor& weight, bool gelu) {
+                               const torch::Tensor& weight, bool gelu, bool consume_b) {
     torch::Tensor h;
     {
       torch::NoGradGuard no_grad;
@@ -40,6 +41,7 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
     auto y = at::linear(h, weight);
     ctx->save_for_backward({a, b, weight});
     ctx->saved_data["gelu"] = gelu;
+    ctx->saved_data["consume_b"] = consume_b;
     return y;
   }
 
@@ -58,19 +60,23 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
       const auto h = Activate(a, b, gelu);
       grad_weight = grad_y.reshape({-1, out_features}).t().mm(h.reshape({-1, in_features}));
     }
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1)) return {{}, {}, grad_weight, {}};
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1)) return {{}, {}, grad_weight, {}, {}};
     // A fresh product that nothing else refers to: grad_a is written over it.
     auto grad_h = grad_y.matmul(weight);
     if (grad_h.scalar_type() != a.scalar_type() || !grad_h.is_contiguous()) {
       grad_h = grad_h.contiguous().to(a.scalar_type());
     }
-    auto grad_b = torch::empty(a.sizes(), a.options());
+    // grad_b over b itself when the caller gave b up (glu_linear_consuming_b): one fresh [T, I] buffer less.
+    const bool over_b = ctx->saved_data["consume_b"].toBool() && b.is_contiguous() &&
+                        b.scalar_type() == grad_h.scalar_type() && !b.is_same(a);
+    auto grad_b = over_b ? b : torch::empty(a.sizes(), a.options());
     if (gelu) {
       geglu_backward_out(grad_h, a, b, grad_h, grad_b);
     } else {
       swiglu_backward_out(grad_h, a, b, grad_h, grad_b);
     }
-    return {grad_h, grad_b, grad_weight, torch::Tensor()};
+    if (over_b) torch::autograd::impl::bump_version(b);
+    return {grad_h, grad_b, grad_weight, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -87,7 +93,17 @@ torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const t
               b.sizes());
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == a.size(-1), "glu_linear: weight must be [out, ",
               a.size(-1), "], got ", weight.sizes());
-  auto y = GluLinearFunction::apply(a, b, weight, gelu);
+  auto y = GluLinearFunction::apply(a, b, weight, gelu, false);
+  return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor glu_linear_consuming_b(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                                     const torch::Tensor& bias, bool gelu) {
+  TORCH_CHECK(a.sizes() == b.sizes(), "glu_linear: a and b must have the same shape, got ", a.sizes(), " and ",
+              b.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == a.size(-1), "glu_linear: weight must be [out, ",
+              a.size(-1), "], got ", weight.sizes());
+  auto y = GluLinearFunction::apply(a, b, weight, gelu, true);
   return bias.defined() ? y + bias : y;
 }
 
