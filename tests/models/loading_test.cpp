@@ -154,6 +154,31 @@ TEST(Loading, RandomInitIsDeterministicAndHuggingFaceLike) {
   EXPECT_NEAR(model->parameter("model.embed_tokens.weight").std().item<double>(), 0.02, 0.002);
 }
 
+TEST(Loading, RandomInitDrawsEveryChunkOfLargeTensorsOnSeveralThreads) {
+  // An embedding of 8.4M values spans 9 chunks of 2^20 draws, taken by several threads: every chunk must
+  // be drawn (none left uninitialised, none drawn twice with the same generator), the same on every run.
+  nlohmann::json config = testing::ReadConfig("llama");
+  config["vocab_size"] = 32771;  // not a multiple of the chunk: the last chunk is partial
+  config["hidden_size"] = 256;
+  config["head_dim"] = 256 / config.at("num_attention_heads").get<int64_t>();
+  auto a = CreateRandom(config, nullptr, 3, torch::kFloat32, torch::kCPU);
+  auto b = CreateRandom(config, nullptr, 3, torch::kFloat32, torch::kCPU);
+  ExpectSameParameters(*a, *b);
+  const torch::Tensor embed = a->parameter("model.embed_tokens.weight").flatten();
+  ASSERT_GT(embed.numel(), 8 << 20);
+  const double range = config.at("initializer_range").get<double>();
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<torch::Tensor> firsts;
+  for (int64_t start = 0; start < embed.numel(); start += kChunk) {
+    const torch::Tensor chunk = embed.narrow(0, start, std::min(kChunk, embed.numel() - start));
+    const double n = static_cast<double>(chunk.numel());
+    EXPECT_NEAR(chunk.std().item<double>(), range, 5 * range / std::sqrt(2 * n)) << "chunk at " << start;
+    firsts.push_back(chunk.narrow(0, 0, 16));
+  }
+  for (size_t i = 1; i < firsts.size(); ++i)  // each chunk has its own generator
+    EXPECT_FALSE(torch::equal(firsts[i], firsts[0])) << "chunk " << i;
+}
+
 TEST(Loading, CreateRandomModelTrainsThroughBothTables) {
   // A tiny step on each table moves the loss down: the backward graph reaches every parameter.
   nlohmann::json config = testing::ReadConfig("phi3");
