@@ -13,7 +13,7 @@
 //     the batches; the children's losses and grad norms must match one device on the whole batches.
 //
 //   tigon-data-parallel bench --devices 0,1 --config FILE [--precision bf16] [--rows-per-device 8]
-//                             [--seq 2048] [--steps 8] [--warmup 2] [--bucket-mb 64] [--json FILE]
+//                             [--seq 2048] [--steps 8] [--warmup 2] [--bucket-mb MB] [--json FILE]
 //                             [--processes] [--profile DIR]
 //     tokens/s of one device with rows-per-device rows vs all devices with rows-per-device rows each,
 //     and the gradient all-reduce time that backward did not hide (median of the measured steps). The

@@ -39,7 +39,9 @@ struct DataParallelOptions {
   std::function<void(int replica, const std::string& point)> fault_injector;
 };
 
-inline constexpr int64_t kDefaultBucketBytes = int64_t{64} << 20;
+// 256 MiB: on two H200s (Llama-3.2-1B, one process per GPU) 9 buckets gave 1.903x against 1.884x with 26
+// buckets of 64 MiB; fewer NCCL launches, each of which takes SMs from backward while it waits for its peer.
+inline constexpr int64_t kDefaultBucketBytes = int64_t{256} << 20;
 
 Status CreateDataParallelSession(const SessionOptions& options, const DataParallelOptions& parallel,
                                  std::unique_ptr<Session>* session);
