@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds everything, and runs every test suite that needs no GPU:
 # the gtest suites (kernels, models, engine, server) and the pytest integration tests against the real
-# server binary, then the same suites under ASan/UBSan and TSan (scripts/test_sanitizers.sh) and a
-# bounded fuzzing run (fuzz/run.sh). The GPU suite runs on a GPU machine: deploy/device/test.sh.
+# server binary, then the gtest suites again under ASan + UBSan and the server's under TSan
+# (scripts/test_sanitizers.sh says what it leaves out) and a bounded fuzzing run (fuzz/run.sh). The GPU
+# suite runs on a GPU machine: deploy/device/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

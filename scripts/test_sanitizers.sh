@@ -6,18 +6,23 @@
 #         (the CPU fused paths, the reference compositions, the op registration), tigon_models,
 #         tigon_engine, tigon_server_core - and the test binaries. LibTorch, gRPC and protobuf come from
 #         Debian uninstrumented: ASan still sees their heap (it replaces malloc), not their own accesses.
-#         Built at -O0 -g1 (line tables only), not the usual -O2 -g: full debug info of LibTorch's headers
-#         dominates each translation unit's compile time, and the tests spend their time in LibTorch,
-#         which is optimised either way. TIGON_ASAN_SCOPE picks what runs:
+#         Built at -O0 -g1 (line tables only, enough for symbolized reports), not the usual -O2 -g: full
+#         debug info and optimisation of LibTorch's header code dominate each translation unit's compile
+#         time (about 12 s of CPU per LibTorch translation unit with the precompiled header instead of
+#         about 40 s), and the tests spend their time in LibTorch, which is optimised either way. UBSan:
+#         every -fsanitize=undefined check but vptr (cmake/Sanitizers.cmake); GCC's object-size check
+#         needs optimisation and does nothing at -O0 (ASan covers those bounds).
+#         TIGON_ASAN_SCOPE picks what runs:
 #         ci (default): the gtest suites tigon_server_tests, tigon_kernel_tests, tigon_model_tests and
 #           tigon_engine_tests, less the tests in ASAN_SLOW_TESTS below (too slow under ASan for CI;
 #           each is listed with its reason). Each suite runs as two gtest shards side by side with one
 #           LibTorch thread each (a report aborts the shard: exit status != 0, the run fails).
 #         server: the server unit tests only (no LibTorch to compile; a quick check of the server).
 #         all: everything in ci, plus the ASAN_SLOW_TESTS and the pytest integration tests against the
-#           sanitized tigon-server. By hand: far over CI's time.
-#         Not covered under ASan in CI: the ASAN_SLOW_TESTS, the integration tests (the server and
-#         engine code they drive is covered by the gtest suites), the CUDA kernels and CUDA branches
+#           sanitized tigon-server. By hand.
+#         Not covered under ASan in CI: the ASAN_SLOW_TESTS; the integration tests, so tigon-server's
+#         main and the real engine behind the gRPC service (the service code runs in its unit tests
+#         against a fake engine, the engine in its own suite); the CUDA kernels and CUDA branches
 #         (CPU-only LibTorch here; TIGON_CUDA=OFF), the command-line tools (tigon-train,
 #         tigon-data-parallel). The untrusted-input parsers (safetensors, config.json, request
 #         validation) also run under ASan + UBSan in every CI run through the fuzz targets (fuzz/run.sh).
@@ -40,8 +45,9 @@ export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
 
 # Too slow under ASan for CI (gtest filter patterns; 'all' runs them):
 ASAN_SLOW_TESTS=(
-  # About 400 training steps of a byte-level model on Tiny Shakespeare: minutes even uninstrumented,
-  # and the steps it takes are the ones Training.* already runs under ASan.
+  # 200 training steps of a byte-level model on Tiny Shakespeare: 2-3 minutes on two cores,
+  # instrumented or not (LibTorch's time), for steps that Training.* already runs under ASan; every
+  # other test of the four suites together takes under a minute.
   'Convergence.*'
 )
 
