@@ -111,7 +111,7 @@ def hf_linear_cross_entropy(hidden, weight, target):
     return hf_cross_entropy(hidden @ weight.t(), target)  # lm_head in bf16, then the upcast loss
 
 
-def default_chunk(n, vocab, element_size=2, budget=400 * MIB, multiple=64):
+def default_chunk(n, vocab, element_size=2, budget=256 * MIB, multiple=64):
     """kernels/ops/fused_linear_cross_entropy.cpp's DefaultFusedLinearCrossEntropyChunk, for the label."""
     if n <= 1:
         return 1

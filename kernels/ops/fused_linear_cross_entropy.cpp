@@ -34,10 +34,13 @@ using torch::autograd::variable_list;
 // Largest logits chunk we allow. The paper's chunk 2^ceil(log2(ceil(N / ceil(V / H)))) (256 rows at
 // N = 8192, V = 128256, H = 4096) keeps the chunk near the size of the hidden states, but every chunk's
 // grad_W addmm_ also reads and writes the whole V x H accumulator (2.1 GB in bf16, ~0.5 ms on an H200),
-// so fewer, larger chunks win until the chunk buffer costs more memory than the 1536 MiB goal leaves:
-// grad_W 1002 MiB + grad_h 64 MiB + chunk <= 400 MiB. The chunks are then made equal (6 x 1408 rows
-// there, 345 MiB) and a multiple of 64 rows for the GEMM tiles. bench/bench_ce_flce_adamw.py sweeps it.
-constexpr int64_t kChunkBytesBudget = 400LL << 20;
+// so fewer, larger chunks win. The sweep in bench/bench_ce_flce_adamw.py on an H200 (N = 8192) gave
+// 256 rows 53.6 ms, 512 44.6, 1024 41.0, 1408 42.5, 2048 39.6: past 1024 rows the gain is within noise
+// while the buffer grows. 256 MiB it is: 8 x 1024 rows there. The chunk is allocated at the end of the
+// forward pass, on top of every saved activation: with a 400 MiB budget, Llama-3-8B at 32,768 tokens on
+// one H200 asked for a 392 MiB chunk with 291 MiB free. The chunks are made equal and a multiple of 64
+// rows for the GEMM tiles.
+constexpr int64_t kChunkBytesBudget = 256LL << 20;
 constexpr int64_t kChunkRowMultiple = 64;
 
 struct ChunkedResult {
