@@ -43,7 +43,11 @@ bool IsOutOfMemory(const std::string& what) {
   return what.find("out of memory") != std::string::npos ||
          what.find("OutOfMemory") != std::string::npos ||
          what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
-         what.find("not enough memory") != std::string::npos;
+         what.find("not enough memory") != std::string::npos ||
+         // Libraries that allocate for themselves when first used on a thread (cuBLAS handles and
+         // workspaces, cuDNN plans), seen on a full H200 as the first matmul of backward.
+         what.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos ||
+         what.find("CUDNN_STATUS_ALLOC_FAILED") != std::string::npos;
 }
 
 }  // namespace tigon::engine
