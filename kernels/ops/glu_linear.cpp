@@ -87,24 +87,28 @@ torch::Tensor GluLinearOp(const torch::Tensor& a, const torch::Tensor& b, const 
 
 }  // namespace
 
-torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
-                         const torch::Tensor& bias, bool gelu) {
+namespace {
+
+torch::Tensor GluLinear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                        const torch::Tensor& bias, bool gelu, bool consume_b) {
   TORCH_CHECK(a.sizes() == b.sizes(), "glu_linear: a and b must have the same shape, got ", a.sizes(), " and ",
               b.sizes());
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == a.size(-1), "glu_linear: weight must be [out, ",
               a.size(-1), "], got ", weight.sizes());
-  auto y = GluLinearFunction::apply(a, b, weight, gelu, false);
+  auto y = GluLinearFunction::apply(a, b, weight, gelu, consume_b);
   return bias.defined() ? y + bias : y;
+}
+
+}  // namespace
+
+torch::Tensor glu_linear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                         const torch::Tensor& bias, bool gelu) {
+  return GluLinear(a, b, weight, bias, gelu, false);
 }
 
 torch::Tensor glu_linear_consuming_b(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
                                      const torch::Tensor& bias, bool gelu) {
-  TORCH_CHECK(a.sizes() == b.sizes(), "glu_linear: a and b must have the same shape, got ", a.sizes(), " and ",
-              b.sizes());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == a.size(-1), "glu_linear: weight must be [out, ",
-              a.size(-1), "], got ", weight.sizes());
-  auto y = GluLinearFunction::apply(a, b, weight, gelu, true);
-  return bias.defined() ? y + bias : y;
+  return GluLinear(a, b, weight, bias, gelu, true);
 }
 
 }  // namespace tigon::ops
