@@ -19,7 +19,7 @@
 #           LibTorch thread each (a report aborts the shard: exit status != 0, the run fails).
 #         server: the server unit tests only (no LibTorch to compile; a quick check of the server).
 #         all: everything in ci, plus the ASAN_SLOW_TESTS and the pytest integration tests against the
-#           sanitized tigon-server. By hand.
+#           sanitized tigon-server (less ASAN_UNFIT_PYTESTS). By hand: about 7 minutes more than ci.
 #         Not covered under ASan in CI: the ASAN_SLOW_TESTS; the integration tests, so tigon-server's
 #         main and the real engine behind the gRPC service (the service code runs in its unit tests
 #         against a fake engine, the engine in its own suite); the CUDA kernels and CUDA branches
@@ -49,6 +49,13 @@ ASAN_SLOW_TESTS=(
   # instrumented or not (LibTorch's time), for steps that Training.* already runs under ASan; every
   # other test of the four suites together takes under a minute.
   'Convergence.*'
+)
+
+# Integration tests whose assertion ASan itself breaks ('all' only; pytest node ids):
+ASAN_UNFIT_PYTESTS=(
+  # Asserts the server's RSS stays within 16 MiB under load; ASan keeps freed blocks in its quarantine
+  # (up to 256 MiB) to catch use-after-free, so RSS grows by design (134 MiB in that run).
+  'tests/integration/test_load.py::test_32_clients_on_8_sessions_lose_nothing_and_keep_memory_stable'
 )
 
 configure() {  # dir sanitizers [extra cmake args]
@@ -135,7 +142,8 @@ for mode in "${MODES[@]}"; do
       fi
       if [[ $scope == all ]]; then
         echo "== integration tests under ASan + UBSan"
-        TIGON_BUILD_DIR="$PWD/$dir" /usr/bin/python3 -m pytest -q tests/integration || failed=1
+        TIGON_BUILD_DIR=$(realpath "$dir") /usr/bin/python3 -m pytest -q tests/integration \
+          "${ASAN_UNFIT_PYTESTS[@]/#/--deselect=}" || failed=1
       fi
       if ((failed)); then
         echo "!! ASan + UBSan: failures above"
