@@ -7,24 +7,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <map>
 #include <string>
 #include <vector>
 
 #include "kernels/ops/ops.h"
 #include "kernels/reference/reference.h"
+#include "tests/kernels/glu_backward_out_checks.h"
 
 namespace {
 
-void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double atol, double rtol,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  auto a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
-  auto excess = (a - e).abs() - (atol + rtol * e.abs());
-  const double worst = excess.max().item<double>();
-  EXPECT_LE(worst, 0.0) << what << ": max |diff| " << (a - e).abs().max().item<double>() << " beyond tolerance by "
-                        << worst;
-}
+using glu_backward_out_checks::ExpectClose;
 
 const std::vector<std::vector<int64_t>> kShapes = {{5, 4095}, {1, 14}, {2, 3, 37}, {1}};
 
@@ -114,95 +106,24 @@ TEST(GeGLUCpu, RejectsMismatchedInputs) {
   EXPECT_THROW(tigon::ops::geglu(torch::randn({2, 3}), torch::randn({2, 3}).to(torch::kBFloat16)), c10::Error);
 }
 
-// ---- geglu_backward_out: the backward outside autograd, in place over dy ------------------------------
+// ---- geglu_backward_out: the backward outside autograd, in place over dy (glu_backward_out_checks.h) ----
 
-// (a, b) in the layouts the MLP hands over: plain, the strided halves of one gate_up projection, transposed.
-std::vector<std::pair<std::string, std::pair<torch::Tensor, torch::Tensor>>> Operands(torch::ScalarType dtype) {
-  auto opts = torch::TensorOptions().dtype(dtype);
-  auto gate_up = (torch::randn({6, 2 * 45}) * 4.0).to(dtype);
-  auto halves = gate_up.chunk(2, -1);
-  return {{"[5, 4095]", {(torch::randn({5, 4095}) * 4.0).to(dtype), torch::randn({5, 4095}, opts)}},
-          {"[2, 3, 37]", {(torch::randn({2, 3, 37}) * 4.0).to(dtype), torch::randn({2, 3, 37}, opts)}},
-          {"[1]", {(torch::randn({1}) * 4.0).to(dtype), torch::randn({1}, opts)}},
-          {"gate_up halves [6, 45]", {halves[0], halves[1]}},
-          {"transposed [13, 37]", {(torch::randn({37, 13}) * 4.0).to(dtype).t(), torch::randn({37, 13}, opts).t()}}};
-}
-
-const std::vector<torch::ScalarType> kDtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf};
+const glu_backward_out_checks::GluOp kGeGLU = {tigon::ops::geglu, tigon::ops::geglu_backward_out,
+                                               tigon::reference::geglu_backward_out};
 
 TEST(GeGLUCpu, BackwardOutInPlaceIsBitIdenticalToAutograd) {
   torch::manual_seed(506);
-  for (auto dtype : kDtypes) {
-    for (const auto& [name, ab] : Operands(dtype)) {
-      const auto& [a, b] = ab;
-      const std::string tag = c10::toString(dtype) + std::string(" ") + name;
-      auto dy = torch::randn(a.sizes()).to(dtype);
-      auto a_leaf = a.detach().requires_grad_(true), b_leaf = b.detach().requires_grad_(true);
-      auto g = torch::autograd::grad({tigon::ops::geglu(a_leaf, b_leaf)}, {a_leaf, b_leaf}, {dy});
-      // da over dy (the caller owns it), db fresh.
-      auto da = dy.clone(), db = torch::empty_like(da);
-      tigon::ops::geglu_backward_out(da, a, b, da, db);
-      EXPECT_TRUE(torch::equal(da, g[0])) << tag << ": da in place";
-      EXPECT_TRUE(torch::equal(db, g[1])) << tag << ": db";
-      // Over owned copies of a and b (contiguous: the outputs' layout), against autograd on the same copies.
-      auto a_own = a.contiguous().clone(), b_own = b.contiguous().clone();
-      auto a_own_leaf = a_own.detach().clone().requires_grad_(true);
-      auto b_own_leaf = b_own.detach().clone().requires_grad_(true);
-      auto g_own = torch::autograd::grad({tigon::ops::geglu(a_own_leaf, b_own_leaf)}, {a_own_leaf, b_own_leaf}, {dy});
-      tigon::ops::geglu_backward_out(dy, a_own, b_own, a_own, b_own);
-      EXPECT_TRUE(torch::equal(a_own, g_own[0])) << tag << ": da over a";
-      EXPECT_TRUE(torch::equal(b_own, g_own[1])) << tag << ": db over b";
-    }
-  }
+  glu_backward_out_checks::ExpectBackwardOutInPlaceBitIdenticalToAutograd(kGeGLU);
 }
 
 TEST(GeGLUCpu, BackwardOutMatchesReferenceInFloat64) {
   torch::manual_seed(507);
-  // Tolerances against the float64 reference on the same rounded inputs: fp32 math, then one rounding of
-  // each output (bf16 2^-8, fp16 2^-11 relative); da = dy b gelu'(a) has a cancellation in
-  // s + 2 a s (1 - s) u'(a) for negative a, hence an absolute floor.
-  const std::map<torch::ScalarType, std::pair<double, double>> tol = {{torch::kDouble, {1e-12, 1e-10}},
-                                                                     {torch::kFloat, {1e-5, 1e-5}},
-                                                                     {torch::kBFloat16, {1e-3, 1e-2}},
-                                                                     {torch::kHalf, {1e-3, 5e-3}}};
-  for (auto dtype : kDtypes) {
-    const auto [atol, rtol] = tol.at(dtype);
-    for (const auto& [name, ab] : Operands(dtype)) {
-      const auto& [a, b] = ab;
-      const std::string tag = c10::toString(dtype) + std::string(" ") + name;
-      auto dy = torch::randn(a.sizes()).to(dtype);
-      auto da_ref = torch::empty(a.sizes(), torch::kDouble), db_ref = torch::empty_like(da_ref);
-      tigon::reference::geglu_backward_out(dy.to(torch::kDouble), a.to(torch::kDouble), b.to(torch::kDouble), da_ref,
-                                            db_ref);
-      auto da = dy.clone(), db = torch::empty_like(da);
-      tigon::ops::geglu_backward_out(da, a, b, da, db);
-      ExpectClose(da, da_ref, atol, rtol, tag + ": da");
-      ExpectClose(db, db_ref, atol, rtol, tag + ": db");
-      // The reference computes both gradients before storing either: in place over dy it agrees with itself.
-      auto dy64 = dy.to(torch::kDouble), db64 = torch::empty_like(dy64);
-      tigon::reference::geglu_backward_out(dy64, a.to(torch::kDouble), b.to(torch::kDouble), dy64, db64);
-      EXPECT_TRUE(torch::equal(dy64, da_ref) && torch::equal(db64, db_ref)) << tag << ": reference in place";
-    }
-  }
+  // da = dy b gelu'(a) has a cancellation in s + 2 a s (1 - s) u'(a) for negative a, hence the absolute floor.
+  glu_backward_out_checks::ExpectBackwardOutMatchesReferenceInFloat64(kGeGLU);
 }
 
 TEST(GeGLUCpu, BackwardOutRejectsBadOutputs) {
-  auto a = torch::randn({4, 8}), b = torch::randn({4, 8}), dy = torch::randn({4, 8});
-  auto db = torch::empty({4, 8});
-  // An output that overlaps an input without being it element for element.
-  auto storage = torch::randn({33});
-  auto dy_view = storage.narrow(0, 0, 32).view({4, 8}), da_shifted = storage.narrow(0, 1, 32).view({4, 8});
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy_view, a, b, da_shifted, db), c10::Error);
-  // da and db the same memory.
-  auto da = torch::empty({4, 8});
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy, a, b, da, da), c10::Error);
-  // Non-contiguous, wrong dtype, wrong shape.
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy, a, b, torch::empty({8, 4}).t(), db), c10::Error);
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy, a, b, torch::empty({4, 8}, torch::kDouble), db), c10::Error);
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy, a, b, torch::empty({4, 9}), db), c10::Error);
-  EXPECT_THROW(tigon::ops::geglu_backward_out(dy.to(torch::kDouble), a, b, da, db), c10::Error);
-  // The valid call still works: da in place over dy.
-  EXPECT_NO_THROW(tigon::ops::geglu_backward_out(dy, a, b, dy, db));
+  glu_backward_out_checks::ExpectBackwardOutRejectsBadOutputs(tigon::ops::geglu_backward_out);
 }
 
 }  // namespace
