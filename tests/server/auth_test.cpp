@@ -4,6 +4,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 namespace tigon::server {
 namespace {
@@ -45,7 +48,7 @@ TEST(TokenAuthenticator, TheRightTokenPassesWhateverTheSchemeCase) {
 }
 
 TEST(TokenAuthenticator, FileHoldsSeveralTokensCommentsAndBlankLines) {
-  const std::string path = testing::TempDir() + "tigon_tokens.txt";
+  const std::string path = testing::TempDir() + "tigon_tokens_" + std::to_string(::getpid()) + ".txt";
   {
     std::ofstream out(path);
     out << "# rotation: old and new\n\n  old-token  \nnew-token\n";
@@ -60,7 +63,7 @@ TEST(TokenAuthenticator, FileHoldsSeveralTokensCommentsAndBlankLines) {
 }
 
 TEST(TokenAuthenticator, EmptyOrMissingFileIsAnError) {
-  const std::string path = testing::TempDir() + "tigon_tokens_empty.txt";
+  const std::string path = testing::TempDir() + "tigon_tokens_empty_" + std::to_string(::getpid()) + ".txt";
   {
     std::ofstream out(path);
     out << "# nothing\n\n";

@@ -6,12 +6,16 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 namespace tigon::server {
 namespace {
 
+// The process id keeps tests that ctest runs side by side (one process each) off each other's files.
 std::string Write(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + "tigon_tls_" + name;
+  const std::string path = testing::TempDir() + "tigon_tls_" + std::to_string(::getpid()) + "_" + name;
   std::ofstream(path) << text;
   return path;
 }
