@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <stdexcept>
@@ -578,31 +579,51 @@ tigon::Batch RowsOfRank(const tigon::Batch& batch, int r, int ranks) {
   return out;
 }
 
-// One rank of `ranks`: trains its rows and writes "step loss grad_norm tokens" lines to --out.
-int RankChild(const Args& a, const std::string& config) {
-  const int vocab = VocabSize(config);
-  const int ranks = static_cast<int>(a.devices.size());
+// Rank a.rank of the a.devices.size() processes the parent started, joined through the parent's NCCL id.
+tigon::DataParallelOptions RankParallelOptions(const Args& a) {
   tigon::DataParallelOptions parallel;
-  parallel.world_size = ranks;
+  parallel.world_size = static_cast<int>(a.devices.size());
   parallel.rank = a.rank;
   parallel.nccl_unique_id = FromHex(a.unique_id_hex);
   parallel.collective_timeout_seconds = 120;
+  return parallel;
+}
+
+// The rank's session on its own device; null, with the reason on stderr, when it cannot be created.
+std::unique_ptr<tigon::Session> CreateRankSession(const Args& a, const std::string& config,
+                                                  const tigon::DataParallelOptions& parallel) {
   std::unique_ptr<tigon::Session> session;
-  tigon::Status status =
+  const tigon::Status status =
       tigon::CreateDataParallelSession(Options(a, config, {a.devices[a.rank]}), parallel, &session);
   if (!status.ok()) {
     std::fprintf(stderr, "rank %d: creating the session failed: %s\n", a.rank, status.ToString().c_str());
-    return 1;
+    return nullptr;
   }
+  return session;
+}
+
+// One step of the rank on its rows of `batch`; false, with the reason on stderr, when it fails.
+bool TrainRankStep(tigon::Session& session, const Args& a, const tigon::Batch& batch, int step,
+                   tigon::StepStats* stats) {
+  const tigon::Status status =
+      session.TrainStep(RowsOfRank(batch, a.rank, static_cast<int>(a.devices.size())), {}, stats);
+  if (!status.ok()) {
+    std::fprintf(stderr, "rank %d: step %d failed: %s\n", a.rank, step, status.ToString().c_str());
+    return false;
+  }
+  return true;
+}
+
+// One rank of `ranks`: trains its rows and writes "step loss grad_norm tokens" lines to --out.
+int RankChild(const Args& a, const std::string& config) {
+  const int vocab = VocabSize(config);
+  const auto session = CreateRankSession(a, config, RankParallelOptions(a));
+  if (!session) return 1;
   std::ofstream out(a.out_file);
   for (int step = 0; step < a.steps; ++step) {
     const auto batch = RandomBatch(a.rows, a.seq, vocab, 100 + step);
     tigon::StepStats stats;
-    status = session->TrainStep(RowsOfRank(batch, a.rank, ranks), {}, &stats);
-    if (!status.ok()) {
-      std::fprintf(stderr, "rank %d: step %d failed: %s\n", a.rank, step, status.ToString().c_str());
-      return 1;
-    }
+    if (!TrainRankStep(*session, a, batch, step, &stats)) return 1;
     char line[128];
     std::snprintf(line, sizeof line, "%d %.17g %.17g %lld\n", step, stats.loss, stats.grad_norm,
                   static_cast<long long>(stats.tokens));
@@ -644,6 +665,32 @@ bool WaitForChildren(std::vector<pid_t> children) {
   return ok;
 }
 
+// Starts one child of `self` per rank with args_of_rank(r) (its [0] the program name) and --config when one
+// was given. The children in rank order; empty when one cannot be started: then "<prefix>: cannot start rank
+// r" goes to `report` and the ranks already started are stopped (they would wait for it until their timeout).
+std::vector<pid_t> SpawnRanks(const char* self, const Args& a,
+                              const std::function<std::vector<std::string>(int)>& args_of_rank, std::FILE* report,
+                              const char* prefix) {
+  std::vector<pid_t> children;
+  for (int r = 0; r < static_cast<int>(a.devices.size()); ++r) {
+    std::vector<std::string> args = args_of_rank(r);
+    if (!a.config_file.empty()) {
+      args.push_back("--config");
+      args.push_back(a.config_file);
+    }
+    std::fflush(stdout);
+    const pid_t pid = Spawn(self, args);
+    if (pid < 0) {
+      std::fprintf(report, "%s: cannot start rank %d\n", prefix, r);
+      for (pid_t started : children) kill(started, SIGTERM);
+      WaitForChildren(children);
+      return {};
+    }
+    children.push_back(pid);
+  }
+  return children;
+}
+
 int Ranks(const Args& a, const std::string& config, const char* self) {
   const int ranks = static_cast<int>(a.devices.size());
   std::string id;
@@ -653,29 +700,16 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
     return 1;
   }
   const std::string base = "/tmp/tigon_ranks_" + std::to_string(::getpid());
-  std::string devices;
-  for (int d : a.devices) devices += (devices.empty() ? "" : ",") + std::to_string(d);
-  std::vector<pid_t> children;
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> args = {self, "rank-child", "--devices", devices, "--rank", std::to_string(r),
-                                     "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r),
-                                     "--precision", a.precision, "--kernels", a.kernels, "--steps",
-                                     std::to_string(a.steps), "--rows", std::to_string(a.rows), "--seq",
-                                     std::to_string(a.seq)};
-    if (!a.config_file.empty()) {
-      args.push_back("--config");
-      args.push_back(a.config_file);
-    }
-    std::fflush(stdout);
-    const pid_t pid = Spawn(self, args);
-    if (pid < 0) {
-      std::printf("ranks: cannot start rank %d\n", r);
-      for (pid_t started : children) kill(started, SIGTERM);  // they would wait for it until their timeout
-      WaitForChildren(children);
-      return 1;
-    }
-    children.push_back(pid);
-  }
+  const auto children = SpawnRanks(
+      self, a,
+      [&](int r) -> std::vector<std::string> {
+        return {self, "rank-child", "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
+                "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
+                "--kernels", a.kernels, "--steps", std::to_string(a.steps), "--rows", std::to_string(a.rows),
+                "--seq", std::to_string(a.seq)};
+      },
+      stdout, "ranks");
+  if (children.empty()) return 1;
   if (!WaitForChildren(children)) {
     std::printf("ranks: a rank failed\nranks: FAILED\n");
     return 1;
@@ -725,19 +759,10 @@ int Ranks(const Args& a, const std::string& config, const char* self) {
 int BenchRankChild(const Args& a, const std::string& config) {
   const int vocab = VocabSize(config);
   const int ranks = static_cast<int>(a.devices.size());
-  tigon::DataParallelOptions parallel;
-  parallel.world_size = ranks;
-  parallel.rank = a.rank;
-  parallel.nccl_unique_id = FromHex(a.unique_id_hex);
-  parallel.collective_timeout_seconds = 120;
+  tigon::DataParallelOptions parallel = RankParallelOptions(a);
   parallel.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
-  std::unique_ptr<tigon::Session> session;
-  tigon::Status status =
-      tigon::CreateDataParallelSession(Options(a, config, {a.devices[a.rank]}), parallel, &session);
-  if (!status.ok()) {
-    std::fprintf(stderr, "rank %d: creating the session failed: %s\n", a.rank, status.ToString().c_str());
-    return 1;
-  }
+  const auto session = CreateRankSession(a, config, parallel);
+  if (!session) return 1;
   const int rows = a.rows * ranks;
   std::vector<double> step_ms, allreduce, exposed, fb;
   std::vector<std::vector<tigon::ReplicaTimings>> replica_steps;
@@ -746,11 +771,7 @@ int BenchRankChild(const Args& a, const std::string& config) {
   for (int step = 0; step < a.warmup + a.steps; ++step) {
     const auto batch = RandomBatch(rows, a.seq, vocab, 1000 + step);
     tigon::StepStats stats;
-    status = session->TrainStep(RowsOfRank(batch, a.rank, ranks), {}, &stats);
-    if (!status.ok()) {
-      std::fprintf(stderr, "rank %d: step %d failed: %s\n", a.rank, step, status.ToString().c_str());
-      return 1;
-    }
+    if (!TrainRankStep(*session, a, batch, step, &stats)) return 1;
     if (step < a.warmup) continue;
     step_ms.push_back(1e3 * stats.wall_seconds);
     peak = std::max(peak, stats.peak_allocated_bytes);
@@ -789,28 +810,17 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
     return 1;
   }
   const std::string base = "/tmp/tigon_bench_ranks_" + std::to_string(::getpid());
-  std::vector<pid_t> children;
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> args = {self, "bench-rank", "--devices", DeviceList(a.devices), "--rank",
-                                     std::to_string(r), "--unique-id", ToHex(id), "--out",
-                                     base + "." + std::to_string(r), "--precision", a.precision, "--kernels",
-                                     a.kernels, "--steps", std::to_string(a.steps), "--warmup",
-                                     std::to_string(a.warmup), "--rows", std::to_string(a.rows), "--seq",
-                                     std::to_string(a.seq), "--bucket-mb", Fixed("%.17g", a.bucket_mb)};
-    if (!a.config_file.empty()) {
-      args.push_back("--config");
-      args.push_back(a.config_file);
-    }
-    std::fflush(stdout);
-    const pid_t pid = Spawn(self, args);
-    if (pid < 0) {
-      std::fprintf(stderr, "tigon-data-parallel: cannot start rank %d\n", r);
-      for (pid_t started : children) kill(started, SIGTERM);  // they would wait for it until their timeout
-      WaitForChildren(children);
-      return 1;
-    }
-    children.push_back(pid);
-  }
+  const auto children = SpawnRanks(
+      self, a,
+      [&](int r) -> std::vector<std::string> {
+        return {self, "bench-rank", "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
+                "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
+                "--kernels", a.kernels, "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
+                "--rows", std::to_string(a.rows), "--seq", std::to_string(a.seq), "--bucket-mb",
+                Fixed("%.17g", a.bucket_mb)};
+      },
+      stderr, "tigon-data-parallel");
+  if (children.empty()) return 1;
   if (!WaitForChildren(children)) {
     std::fprintf(stderr, "tigon-data-parallel: a rank failed (see its messages above)\n");
     return 1;
