@@ -1,7 +1,6 @@
 // The checks of swiglu_backward_out / geglu_backward_out (the GLU backward outside autograd, da written over
 // dy), shared by test_swiglu.cpp and test_geglu.cpp: each takes the op's fused forward, fused backward_out
-// and float64 reference backward_out, so both ops run the same cases and assertions. Also the tolerance
-// comparison both files use.
+// and float64 reference backward_out, so both ops run the same cases and assertions.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,18 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "tests/kernels/expect_close.h"
+
 namespace glu_backward_out_checks {
 
-// |actual - expected| <= atol + rtol |expected| everywhere, compared in float64.
-inline void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double atol, double rtol,
-                        const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  auto a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
-  auto excess = (a - e).abs() - (atol + rtol * e.abs());
-  const double worst = excess.max().item<double>();
-  EXPECT_LE(worst, 0.0) << what << ": max |diff| " << (a - e).abs().max().item<double>() << " beyond tolerance by "
-                        << worst;
-}
+using tigon_test::ExpectClose;
 
 using GluForward = torch::Tensor (*)(const torch::Tensor& a, const torch::Tensor& b);
 using GluBackwardOut = void (*)(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,

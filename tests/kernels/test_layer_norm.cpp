@@ -11,18 +11,11 @@
 
 #include "kernels/ops/ops.h"
 #include "kernels/reference/reference.h"
+#include "tests/kernels/expect_close.h"
 
 namespace {
 
-void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double atol, double rtol,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  auto a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
-  auto excess = (a - e).abs() - (atol + rtol * e.abs());
-  const double worst = excess.max().item<double>();
-  EXPECT_LE(worst, 0.0) << what << ": max |diff| " << (a - e).abs().max().item<double>() << " beyond tolerance by "
-                        << worst;
-}
+using tigon_test::ExpectClose;
 
 const std::vector<std::vector<int64_t>> kShapes = {{7, 4095}, {1, 64}, {2, 5, 96}, {9, 2}};
 
