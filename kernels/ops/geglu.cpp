@@ -6,12 +6,12 @@
 // gradient itself (written in place): glu_linear uses it to put da over a gradient it owns.
 #include "kernels/cuda/geglu.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
 #include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/glu_checks.h"
 #include "kernels/ops/ops.h"
 
 namespace tigon::ops {
@@ -26,30 +26,6 @@ constexpr double kCubic = 0.044715;
 
 torch::ScalarType AccumulateType(torch::ScalarType t) {
   return t == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
-void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
-  TORCH_CHECK(a.dim() >= 1, "tigon::geglu: a needs at least one dim");
-  TORCH_CHECK(a.sizes() == b.sizes(), "tigon::geglu: a ", a.sizes(), " and b ", b.sizes(), " differ");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::geglu: a is ", a.scalar_type(), ", b is ", b.scalar_type());
-  TORCH_CHECK(a.device() == b.device(), "tigon::geglu: a and b on different devices");
-}
-
-// dy like a; da and db contiguous like a, apart from each other, and each either exactly one of dy, a, b
-// (same elements, same strides) or apart from all three.
-void CheckBackwardOperands(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                           const torch::Tensor& da, const torch::Tensor& db) {
-  CheckInputs(a, b);
-  TORCH_CHECK(dy.sizes() == a.sizes() && dy.scalar_type() == a.scalar_type() && dy.device() == a.device(),
-              "tigon::geglu_backward_out: dy must match a (", a.sizes(), ", ", a.scalar_type(), "), got ",
-              dy.sizes(), ", ", dy.scalar_type());
-  for (const auto* out : {&da, &db}) {
-    TORCH_CHECK(out->sizes() == a.sizes() && out->scalar_type() == a.scalar_type() && out->device() == a.device() &&
-                    out->is_contiguous(),
-                "tigon::geglu_backward_out: da and db must be contiguous with a's shape, dtype and device");
-    for (const auto* in : {&dy, &a, &b}) at::assert_no_partial_overlap(*out, *in);
-  }
-  at::assert_no_overlap(da, db);
 }
 
 // ---- CPU fused path -------------------------------------------------------------------------------------
@@ -141,7 +117,7 @@ void GeGLUBackward(const torch::Tensor& dy, const torch::Tensor& a, const torch:
 class GeGLUFunction : public torch::autograd::Function<GeGLUFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b) {
-    CheckInputs(a, b);
+    detail::CheckGluInputs("geglu", a, b);
     c10::OptionalDeviceGuard guard(a.device());
     ctx->save_for_backward({a, b});
 #ifdef TIGON_CUDA_KERNELS
@@ -173,7 +149,7 @@ torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) {
 
 void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
                         const torch::Tensor& da, const torch::Tensor& db) {
-  CheckBackwardOperands(dy, a, b, da, db);
+  detail::CheckGluBackwardOperands("geglu", dy, a, b, da, db);
   c10::OptionalDeviceGuard guard(a.device());
   torch::NoGradGuard no_grad;
   GeGLUBackward(dy, a, b, da, db);

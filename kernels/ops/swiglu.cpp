@@ -5,12 +5,12 @@
 // gradient itself (written in place): glu_linear uses it to put da over a gradient it owns.
 #include "kernels/cuda/swiglu.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
 #include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/glu_checks.h"
 #include "kernels/ops/ops.h"
 
 namespace tigon::ops {
@@ -21,30 +21,6 @@ using torch::autograd::tensor_list;
 
 torch::ScalarType AccumulateType(torch::ScalarType t) {
   return t == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
-void CheckInputs(const torch::Tensor& a, const torch::Tensor& b) {
-  TORCH_CHECK(a.dim() >= 1, "tigon::swiglu: a needs at least one dim");
-  TORCH_CHECK(a.sizes() == b.sizes(), "tigon::swiglu: a ", a.sizes(), " and b ", b.sizes(), " differ");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tigon::swiglu: a is ", a.scalar_type(), ", b is ", b.scalar_type());
-  TORCH_CHECK(a.device() == b.device(), "tigon::swiglu: a and b on different devices");
-}
-
-// dy like a; da and db contiguous like a, apart from each other, and each either exactly one of dy, a, b
-// (same elements, same strides) or apart from all three.
-void CheckBackwardOperands(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                           const torch::Tensor& da, const torch::Tensor& db) {
-  CheckInputs(a, b);
-  TORCH_CHECK(dy.sizes() == a.sizes() && dy.scalar_type() == a.scalar_type() && dy.device() == a.device(),
-              "tigon::swiglu_backward_out: dy must match a (", a.sizes(), ", ", a.scalar_type(), "), got ",
-              dy.sizes(), ", ", dy.scalar_type());
-  for (const auto* out : {&da, &db}) {
-    TORCH_CHECK(out->sizes() == a.sizes() && out->scalar_type() == a.scalar_type() && out->device() == a.device() &&
-                    out->is_contiguous(),
-                "tigon::swiglu_backward_out: da and db must be contiguous with a's shape, dtype and device");
-    for (const auto* in : {&dy, &a, &b}) at::assert_no_partial_overlap(*out, *in);
-  }
-  at::assert_no_overlap(da, db);
 }
 
 // ---- CPU fused path -------------------------------------------------------------------------------------
@@ -131,7 +107,7 @@ void SwiGLUBackward(const torch::Tensor& dy, const torch::Tensor& a, const torch
 class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b) {
-    CheckInputs(a, b);
+    detail::CheckGluInputs("swiglu", a, b);
     c10::OptionalDeviceGuard guard(a.device());
     ctx->save_for_backward({a, b});
 #ifdef TIGON_CUDA_KERNELS
@@ -163,7 +139,7 @@ torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) {
 
 void swiglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
                          const torch::Tensor& da, const torch::Tensor& db) {
-  CheckBackwardOperands(dy, a, b, da, db);
+  detail::CheckGluBackwardOperands("swiglu", dy, a, b, da, db);
   c10::OptionalDeviceGuard guard(a.device());
   torch::NoGradGuard no_grad;
   SwiGLUBackward(dy, a, b, da, db);
