@@ -1,5 +1,7 @@
 #include "device_memory.h"
 
+#include <torch/torch.h>
+
 #ifdef TIGON_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -37,6 +39,15 @@ void ReleaseCachedMemory(const torch::Device& device) {
 #else
   (void)device;
 #endif
+}
+
+void WarmUpMatmulLibraries(const torch::Device& device, torch::ScalarType dtype) {
+  if (!device.is_cuda()) return;
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  torch::Tensor a = torch::randn({64, 64}, options).requires_grad_(true);
+  torch::Tensor b = torch::randn({64, 64}, options).requires_grad_(true);
+  // mm backward runs two matmuls on autograd's device thread.
+  torch::mm(a, b).sum().backward();
 }
 
 bool IsOutOfMemory(const std::string& what) {

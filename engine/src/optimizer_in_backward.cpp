@@ -4,9 +4,16 @@
 
 #include "kernels/ops/ops.h"
 
+#ifdef TIGON_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace tigon::engine {
 
-OptimizerInBackward::OptimizerInBackward(FlatParameters* flat) : flat_(flat) {
+OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream)
+    : flat_(flat), use_update_stream_(use_update_stream) {
   auto& views = flat_->views();
   done_.assign(views.size(), false);
   for (size_t k = 0; k < views.size(); ++k) {
@@ -33,11 +40,49 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   // one parameter's gradient outlives its update.
   ReleaseHeld();
   const torch::Tensor flat_grad = grad.contiguous().view({-1});
+#ifdef TIGON_WITH_CUDA
+  if (use_update_stream_ && grad.is_cuda()) {
+    // The update is memory-bound and the backward matmuls are compute-bound: run the update on its own
+    // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter
+    // it writes is not read again by this backward (see the hook above).
+    const auto index = grad.device().index();
+    const auto producer = c10::cuda::getCurrentCUDAStream(index);
+    if (!update_stream_) update_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+    at::cuda::CUDAEvent gradient_ready;
+    gradient_ready.record(producer);
+    gradient_ready.block(*update_stream_);
+    {
+      c10::cuda::CUDAStreamGuard on_update_stream(*update_stream_);
+      squared_norm_.add_(ops::squared_norm(flat_grad));
+      flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
+    }
+    // The allocator must not hand these gradients' memory to the backward before the update has read them.
+    grad.record_stream(*update_stream_);
+    flat_grad.record_stream(*update_stream_);
+    update_pending_ = true;
+    done_[slot] = true;
+    held_.push_back(slot);
+    ++updated_;
+    return;
+  }
+#endif
   squared_norm_.add_(ops::squared_norm(flat_grad));
   flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
   done_[slot] = true;
   held_.push_back(slot);
   ++updated_;
+}
+
+void OptimizerInBackward::JoinUpdateStream() {
+#ifdef TIGON_WITH_CUDA
+  if (!update_pending_) return;
+  // Whatever runs next on the compute stream (the next forward, a checkpoint read, the loss) sees the
+  // updated parameters and optimizer state.
+  at::cuda::CUDAEvent updates_done;
+  updates_done.record(*update_stream_);
+  updates_done.block(c10::cuda::getCurrentCUDAStream(update_stream_->device_index()));
+  update_pending_ = false;
+#endif
 }
 
 void OptimizerInBackward::ReleaseHeld() {
@@ -48,6 +93,7 @@ void OptimizerInBackward::ReleaseHeld() {
 
 OptimizerInBackward::Result OptimizerInBackward::Disarm(bool complete) {
   armed_ = false;
+  JoinUpdateStream();
   ReleaseHeld();
   Result result;
   result.updated = updated_;

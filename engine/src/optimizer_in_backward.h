@@ -9,7 +9,12 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#ifdef TIGON_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include "flat_parameters.h"
 #include "kernels/ops/common.h"
@@ -18,8 +23,9 @@ namespace tigon::engine {
 
 class OptimizerInBackward {
  public:
-  // Registers a gradient hook on every parameter view of `flat` (inactive until Arm).
-  explicit OptimizerInBackward(FlatParameters* flat);
+  // Registers a gradient hook on every parameter view of `flat` (inactive until Arm). With
+  // `use_update_stream`, updates of CUDA parameters run on a second stream, overlapped with the backward.
+  OptimizerInBackward(FlatParameters* flat, bool use_update_stream);
 
   // The next backward updates each parameter with `options` (grad_scale included) as its gradient arrives.
   void Arm(const AdamWOptions& options, bool fused);
@@ -36,6 +42,7 @@ class OptimizerInBackward {
  private:
   void OnGradient(size_t slot, const torch::Tensor& grad);
   void ReleaseHeld();
+  void JoinUpdateStream();  // the current stream waits for every update queued on the update stream
 
   FlatParameters* flat_;
   bool armed_ = false;
@@ -45,6 +52,11 @@ class OptimizerInBackward {
   std::vector<size_t> held_;  // parameters whose .grad still holds the gradient autograd stored there
   int64_t updated_ = 0;
   torch::Tensor squared_norm_;  // fp64 accumulator on the device
+  bool use_update_stream_ = false;
+  bool update_pending_ = false;
+#ifdef TIGON_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> update_stream_;
+#endif
 };
 
 }  // namespace tigon::engine

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -58,6 +59,13 @@ void WriteTextFile(const std::string& path, const std::string& text) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+// With the optimizer in backward, CUDA updates run on their own stream unless TIGON_OPTIMIZER_UPDATE_STREAM=0
+// (kept for measuring the overlap; the results are the same either way).
+bool UseUpdateStream() {
+  const char* value = std::getenv("TIGON_OPTIMIZER_UPDATE_STREAM");
+  return value == nullptr || std::string(value) != "0";
+}
+
 // Status from an exception thrown inside a step.
 Status StatusFromException(const std::exception& e, const torch::Device& device, const char* call) {
   // c10 errors carry a C++ backtrace in what(); users get the message alone.
@@ -89,7 +97,8 @@ class SessionImpl final : public ReplicaSession {
         fused_adamw_(fused_adamw) {
     // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
     flat_ = std::make_unique<FlatParameters>(*model_, precision, /*allocate_grads=*/!options.optimizer_in_backward);
-    if (options.optimizer_in_backward) in_backward_ = std::make_unique<OptimizerInBackward>(flat_.get());
+    if (options.optimizer_in_backward)
+      in_backward_ = std::make_unique<OptimizerInBackward>(flat_.get(), UseUpdateStream());
   }
 
   SessionInfo Info() const override {
@@ -692,6 +701,7 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
       model = models::CreateRandom(config_json, &table, options.seed, dtype, device);
     }
     const double weights_seconds = SecondsSince(start);
+    WarmUpMatmulLibraries(device, dtype);
     std::vector<int> devices;
     if (device.is_cuda()) devices = {static_cast<int>(device.index())};
     *replica = std::make_unique<SessionImpl>(std::move(model), precision, device, devices, options, fused_adamw);
