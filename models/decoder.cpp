@@ -12,6 +12,7 @@
 #include <vector>
 
 
+#include "kernels/ops/fused_linear_cross_entropy.h"
 #include "kernels/ops/glu_linear.h"
 #include "kernels/ops/ops.h"
 #include "kernels/reference/reference.h"
@@ -364,7 +365,9 @@ torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch:
   const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   torch::Tensor loss;
   if (ops_.Get("fused_linear_cross_entropy") == OpChoice::kFused) {
-    loss = ops::fused_linear_cross_entropy(flat_hidden, lm_head, torch::Tensor(), target, options, weights);
+    // The final norm's output has no other use: its gradient may take its place.
+    loss = ops::fused_linear_cross_entropy_consuming_hidden(flat_hidden, lm_head, torch::Tensor(), target, options,
+                                                            weights);
   } else {
     // Hugging Face: logits in the model dtype, upcast to fp32 for the loss.
     const torch::Tensor logits = at::linear(flat_hidden, lm_head).to(torch::kFloat32);

@@ -2,8 +2,9 @@
 // processed in chunks; per chunk
 //   logits_c  = h_c @ W^T (+ b)                          cuBLAS, input dtype, one reused [chunk, V] buffer
 //   loss_c    = cross entropy rows; d loss / d logits_c   written over logits_c by the CE row kernel
-//   grad_h_c  = dlogits_c @ W                            written into its rows of grad_hidden
 //   grad_W   += dlogits_c^T @ h_c                        addmm_ into an accumulator in W's dtype
+//   grad_h_c  = dlogits_c @ W                            written into its rows of grad_hidden (or, for a
+//                                                        caller that gives hidden up, over h_c itself)
 //   grad_b   += sum_rows dlogits_c                       fp32 accumulator
 // For reduction "mean" the 1/n_valid factor uses the count over the WHOLE batch (taken on the device
 // before chunking, no host sync), so the chunks' gradients add up to the unchunked ones.
@@ -52,13 +53,15 @@ struct ChunkedResult {
 ChunkedResult RunChunks(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& bias,
                         const torch::Tensor& target, const torch::Tensor& row_weights,
                         const CrossEntropyOptions& options, const torch::Tensor& n_valid, int64_t chunk_size,
-                        bool want_hidden, bool want_weight, bool want_bias) {
+                        bool want_hidden, bool want_weight, bool want_bias, bool grad_over_hidden = false) {
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   const bool write_grad = want_hidden || want_weight || want_bias;
   ChunkedResult r;
   const auto loss_dtype = detail::LossDType(hidden);
   r.loss_rows = torch::empty({n}, hidden.options().dtype(loss_dtype));
-  if (want_hidden) r.grad_hidden = torch::empty({n, hidden.size(1)}, hidden.options());
+  // Over hidden: each chunk's rows of hidden are last read by that chunk's grad_W product, so grad_h can
+  // take their place right after it.
+  if (want_hidden) r.grad_hidden = grad_over_hidden ? hidden : torch::empty({n, hidden.size(1)}, hidden.options());
   if (want_weight) r.grad_weight = torch::empty(weight.sizes(), weight.options());
   torch::Tensor grad_bias_acc;
   if (want_bias) grad_bias_acc = torch::zeros({vocab}, bias.options().dtype(loss_dtype));
@@ -83,16 +86,16 @@ ChunkedResult RunChunks(const torch::Tensor& hidden, const torch::Tensor& weight
                              row_weights.defined() ? row_weights.narrow(0, start, rows) : torch::Tensor(), options,
                              n_valid, 1.0, write_grad, r.loss_rows.narrow(0, start, rows));
     if (!write_grad) continue;
-    if (want_hidden) {
-      torch::Tensor grad_h = r.grad_hidden.narrow(0, start, rows);
-      at::mm_out(grad_h, logits, weight);
-    }
     if (want_weight) {
       if (start == 0) {
         at::mm_out(r.grad_weight, logits.t(), h);  // beta = 0: the accumulator is not read on the first chunk
       } else {
         r.grad_weight.addmm_(logits.t(), h);
       }
+    }
+    if (want_hidden) {
+      torch::Tensor grad_h = r.grad_hidden.narrow(0, start, rows);
+      at::mm_out(grad_h, logits, weight);
     }
     if (want_bias) grad_bias_acc.add_(logits.sum(0, /*keepdim=*/false, loss_dtype));
   }
@@ -132,7 +135,7 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
                                const c10::optional<torch::Tensor>& maybe_bias, const torch::Tensor& target,
                                const c10::optional<torch::Tensor>& maybe_token_weights,
                                const CrossEntropyOptions& options, int64_t chunk_size, bool need_hidden,
-                               bool need_weight, bool need_bias) {
+                               bool need_weight, bool need_bias, bool consume_hidden) {
     const torch::Tensor bias = maybe_bias.value_or(torch::Tensor());
     const torch::Tensor token_weights = maybe_token_weights.value_or(torch::Tensor());
     CheckInputs(hidden, weight, bias, target, token_weights);
@@ -156,8 +159,13 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
     }
     const torch::Tensor n_valid =
         options.reduction == Reduction::kMean ? detail::CountValid(target, options.ignore_index) : torch::Tensor();
+    // grad_hidden over hidden when the caller gave hidden up and it is a plain [N, H] buffer of its own.
+    const bool over_hidden = consume_hidden && need_hidden && hidden.is_contiguous() &&
+                             !hidden.is_same(weight) && hidden.data_ptr() != weight.data_ptr();
     const ChunkedResult r = RunChunks(hidden, weight, bias, target, token_weights, options, n_valid, chunk_size,
-                                      need_hidden, need_weight, need_bias);
+                                      need_hidden, need_weight, need_bias, over_hidden);
+    // A node that saved hidden would now read gradients: its backward fails on the version instead.
+    if (over_hidden) torch::autograd::impl::bump_version(hidden);
     ctx->saved_data["grad_hidden"] = r.grad_hidden;
     ctx->saved_data["grad_weight"] = r.grad_weight;
     ctx->saved_data["grad_bias"] = r.grad_bias;
@@ -200,7 +208,7 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
         }
       }
     }
-    return {grad_hidden,     grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(),
+    return {grad_hidden,     grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -234,10 +242,12 @@ int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hi
   return std::min(chunk, n);
 }
 
-torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                                 const torch::Tensor& bias, const torch::Tensor& target,
-                                                 const CrossEntropyOptions& options, const torch::Tensor& token_weights,
-                                                 int64_t chunk_size) {
+namespace {
+
+torch::Tensor FusedLinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                      const torch::Tensor& bias, const torch::Tensor& target,
+                                      const CrossEntropyOptions& options, const torch::Tensor& token_weights,
+                                      int64_t chunk_size, bool consume_hidden) {
   const bool grad_mode = torch::GradMode::is_enabled();
   const bool need_hidden = grad_mode && hidden.requires_grad();
   const bool need_weight = grad_mode && weight.requires_grad();
@@ -250,13 +260,30 @@ torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, co
     return t.defined() ? c10::optional<torch::Tensor>(t) : c10::optional<torch::Tensor>();
   };
   return FusedLinearCrossEntropyFunction::apply(hidden, weight, optional_of(bias), target, optional_of(token_weights),
-                                                options, chunk_size, need_hidden, need_weight, need_bias);
+                                                options, chunk_size, need_hidden, need_weight, need_bias,
+                                                consume_hidden);
+}
+
+}  // namespace
+
+torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                 const torch::Tensor& bias, const torch::Tensor& target,
+                                                 const CrossEntropyOptions& options, const torch::Tensor& token_weights,
+                                                 int64_t chunk_size) {
+  return FusedLinearCrossEntropy(hidden, weight, bias, target, options, token_weights, chunk_size, false);
 }
 
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
                                          const CrossEntropyOptions& options, const torch::Tensor& token_weights) {
   return fused_linear_cross_entropy_chunked(hidden, weight, bias, target, options, token_weights, 0);
+}
+
+torch::Tensor fused_linear_cross_entropy_consuming_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                          const torch::Tensor& bias, const torch::Tensor& target,
+                                                          const CrossEntropyOptions& options,
+                                                          const torch::Tensor& token_weights) {
+  return FusedLinearCrossEntropy(hidden, weight, bias, target, options, token_weights, 0, true);
 }
 
 }  // namespace tigon::ops

@@ -241,5 +241,61 @@ TEST(FusedLinearCrossEntropyCpu, RegisteredTorchOp) {
   ExpectSameResult({loss.detach(), hidden.grad(), weight.grad(), bias.grad()}, ref, 1e-10, 1e-12, "torch op");
 }
 
+// consuming_hidden: the same loss and gradients bit for bit; for "sum"/"mean" a contiguous hidden's buffer
+// ends up holding grad_hidden, while "none" (which recomputes from hidden in backward) and a strided
+// hidden keep theirs.
+TEST(FusedLinearCrossEntropyCpu, ConsumingHiddenGivesTheSameResultsAndTakesHiddensBuffer) {
+  const FlceInputs in = MakeFlceInputs(37, 12, 101, 8);
+  for (const auto reduction : {Reduction::kSum, Reduction::kMean, Reduction::kNone}) {
+    for (const bool contiguous : {true, false}) {
+      for (const bool use_bias : {false, true}) {
+        CrossEntropyOptions o;
+        o.reduction = reduction;
+        const torch::Tensor upstream = Upstream(o, 37);
+        auto run = [&](bool consuming, torch::Tensor* hidden_after) {
+          torch::Tensor leaf = in.hidden.clone().requires_grad_(true);
+          torch::Tensor weight = in.weight.clone().requires_grad_(true);
+          torch::Tensor bias = use_bias ? in.bias.clone().requires_grad_(true) : torch::Tensor();
+          // A product of the graph, as in the model (the final norm's output), stored either way.
+          torch::Tensor hidden = contiguous ? leaf * 1.0 : (leaf.t().contiguous() * 1.0).t();
+          EXPECT_EQ(hidden.is_contiguous(), contiguous);
+          torch::Tensor loss =
+              consuming ? ops::fused_linear_cross_entropy_consuming_hidden(hidden, weight, bias, in.target, o,
+                                                                           in.weights)
+                        : ops::fused_linear_cross_entropy(hidden, weight, bias, in.target, o, in.weights);
+          loss.backward(upstream);
+          *hidden_after = hidden.detach().clone();
+          return FlceResult{loss.detach(), leaf.grad(), weight.grad(), use_bias ? bias.grad() : torch::Tensor()};
+        };
+        torch::Tensor plain_after, consuming_after;
+        const FlceResult plain = run(false, &plain_after);
+        const FlceResult consuming = run(true, &consuming_after);
+        const std::string where = std::string(reduction == Reduction::kNone ? "none" : "sum/mean") +
+                                  (contiguous ? " contiguous" : " strided") + (use_bias ? " bias" : "");
+        EXPECT_TRUE(torch::equal(plain.loss, consuming.loss)) << where;
+        EXPECT_TRUE(torch::equal(plain.grad_hidden, consuming.grad_hidden)) << where;
+        EXPECT_TRUE(torch::equal(plain.grad_weight, consuming.grad_weight)) << where;
+        if (use_bias) EXPECT_TRUE(torch::equal(plain.grad_bias, consuming.grad_bias)) << where;
+        EXPECT_TRUE(torch::equal(plain_after, in.hidden)) << where;
+        if (contiguous && reduction != Reduction::kNone) {
+          EXPECT_TRUE(torch::equal(consuming_after, consuming.grad_hidden)) << where << ": hidden should hold its gradient";
+        } else {
+          EXPECT_TRUE(torch::equal(consuming_after, in.hidden)) << where;
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedLinearCrossEntropyCpu, ConsumingHiddenSavedByAnotherNodeFailsInsteadOfReadingGradients) {
+  const FlceInputs in = MakeFlceInputs(9, 6, 31, 9);
+  torch::Tensor leaf = in.hidden.clone().requires_grad_(true);
+  torch::Tensor weight = in.weight.clone().requires_grad_(true);
+  torch::Tensor hidden = leaf.exp();  // exp's backward reads its own output
+  torch::Tensor loss =
+      ops::fused_linear_cross_entropy_consuming_hidden(hidden, weight, {}, in.target, CrossEntropyOptions(), {});
+  EXPECT_THROW(loss.backward(), c10::Error);
+}
+
 }  // namespace
 }  // namespace tigon
