@@ -1,6 +1,12 @@
 #include "optimizer_in_backward.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
+
+#include <memory>
+#include <utility>
 
 #include "kernels/ops/ops.h"
 
@@ -12,6 +18,26 @@
 
 namespace tigon::engine {
 
+namespace {
+
+// Runs right after AccumulateGrad stored a parameter's gradient as its .grad: with the update already
+// queued, the .grad is dropped at once (the Llama-3-8B lm_head's is 1 GiB), not when the next gradient arrives.
+class DropStoredGradient final : public torch::autograd::FunctionPostHook {
+ public:
+  DropStoredGradient(const bool* armed, torch::Tensor parameter) : armed_(armed), parameter_(std::move(parameter)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (*armed_) parameter_.mutable_grad().reset();
+    return outputs;
+  }
+
+ private:
+  const bool* armed_;
+  torch::Tensor parameter_;
+};
+
+}  // namespace
+
 OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream)
     : flat_(flat), use_update_stream_(use_update_stream) {
   auto& views = flat_->views();
@@ -22,6 +48,9 @@ OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_s
     views[k].register_hook([this, k](const torch::Tensor& grad) {
       if (armed_) OnGradient(k, grad);
     });
+    // The variable holds its accumulator weakly: kept here, the same one (with its hook) serves every backward.
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(views[k]));
+    accumulators_.back()->add_post_hook(std::make_unique<DropStoredGradient>(&armed_, views[k]));
   }
 }
 
@@ -36,8 +65,8 @@ void OptimizerInBackward::Arm(const AdamWOptions& options, bool fused) {
 
 void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
-  // AccumulateGrad keeps the previous parameters' gradients as their .grad: free them now, so at most
-  // one parameter's gradient outlives its update.
+  // DropStoredGradient frees each .grad as soon as AccumulateGrad stores it; this is the fallback for a
+  // LibTorch that stores it after its post hooks ran.
   ReleaseHeld();
   const torch::Tensor flat_grad = grad.contiguous().view({-1});
 #ifdef TIGON_WITH_CUDA

@@ -6,9 +6,11 @@
 // (a backward that fails part-way has already updated some parameters).
 #pragma once
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -49,6 +51,7 @@ class OptimizerInBackward {
   bool fused_ = true;
   AdamWOptions options_;
   std::vector<bool> done_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // each parameter's AccumulateGrad
   std::vector<size_t> held_;  // parameters whose .grad still holds the gradient autograd stored there
   int64_t updated_ = 0;
   torch::Tensor squared_norm_;  // fp64 accumulator on the device
