@@ -303,6 +303,8 @@ void TrainerService::ToProto(const SessionEntry& entry, v1::SessionInfo* out) co
   optimizer->set_max_grad_norm(info.optimizer.max_grad_norm);
   out->set_seed(info.seed);
   out->set_optimizer_in_backward(info.optimizer_in_backward);
+  out->set_world_size(entry.world.world_size);
+  out->set_rank(entry.world.rank);
 }
 
 std::string TrainerService::NewSessionId() {
@@ -362,6 +364,10 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     grpc::Status status =
         ValidateCreateSession(*request, engine_.model_families, device_count, &options, config_.max_parameters);
     if (!status.ok()) return status;
+    WorldRank world;
+    status = ValidateWorldRank(*request, device_count, &world);
+    if (!status.ok()) return status;
+    if (world.world_size > 0 && options.devices.empty()) options.devices = {0};
     status = ReserveSessionSlot();
     if (!status.ok()) return status;
     ScopeExit release([this] { ReleaseSessionSlot(); });
@@ -370,7 +376,9 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     }
     const auto start = Clock::now();
     std::unique_ptr<tigon::Session> session;
-    tigon::Status engine_status = engine_.create_session(options, &session);
+    // A rank of a session over several servers returns once every rank has joined.
+    tigon::Status engine_status = world.world_size > 0 ? engine_.create_world_session(options, world, &session)
+                                                       : engine_.create_session(options, &session);
     if (!engine_status.ok()) {
       if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
         metrics_->RecordOutOfMemory("unknown");
@@ -396,6 +404,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     entry->max_position_embeddings = entry->info.max_position_embeddings;
     entry->model_family = entry->info.model_family;
     entry->options = options;
+    entry->world = world;
     entry->last_used_ns = NowNs();
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
@@ -703,6 +712,23 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
 
 // ---- server ---------------------------------------------------------------------------------------
 
+grpc::Status TrainerService::NewCommunicatorId(grpc::ServerContext* ctx, const v1::NewCommunicatorIdRequest*,
+                                               v1::NewCommunicatorIdResponse* response) {
+  return Handle("NewCommunicatorId", ctx, [&](const Caller&) -> grpc::Status {
+    std::string id;
+    const tigon::Status status = engine_.new_communicator_id ? engine_.new_communicator_id(&id)
+                                                             : tigon::Status(tigon::StatusCode::kInvalidArgument,
+                                                                             "this engine has no communicator");
+    // The request has no arguments: a refusal is about the server (no NCCL in its build).
+    if (status.code() == tigon::StatusCode::kInvalidArgument) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION, status.message());
+    }
+    if (!status.ok()) return ToGrpcStatus(status);
+    response->set_communicator_id(id);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest*,
                                            v1::ServerInfo* response) {
   return Handle("GetServerInfo", ctx, [&](const Caller& caller) -> grpc::Status {
@@ -740,6 +766,11 @@ grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::
     grpc::Status status;
     auto entry = Find(request->session_id(), caller, &status);
     if (entry == nullptr) return status;
+    if (entry->world.world_size > 0) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                   "MeasureSavings builds temporary copies of the session on this server alone; a rank of a session "
+                   "over several servers cannot be copied that way");
+    }
     // Random tokens of the requested shape, checked like any batch (limits included).
     const BatchLimits limits{entry->vocab_size, entry->max_position_embeddings, config_.max_batch_tokens};
     status = ValidateBatchShape(request->batch(), request->seq_len(), limits);

@@ -69,6 +69,8 @@ class TrainerService final : public v1::Trainer::Service {
                              v1::ServerInfo* response) override;
   grpc::Status MeasureSavings(grpc::ServerContext* ctx, const v1::MeasureSavingsRequest* request,
                               v1::MeasureSavingsResponse* response) override;
+  grpc::Status NewCommunicatorId(grpc::ServerContext* ctx, const v1::NewCommunicatorIdRequest* request,
+                                 v1::NewCommunicatorIdResponse* response) override;
 
   // Reserves a place among --max-sessions for a session being created (RESOURCE_EXHAUSTED when full).
   grpc::Status ReserveSessionSlot();
@@ -99,6 +101,7 @@ class TrainerService final : public v1::Trainer::Service {
     int64_t max_position_embeddings = 0;
     std::string model_family;
     tigon::SessionOptions options;         // as created (MeasureSavings builds temporary twins from it)
+    WorldRank world;                       // world_size > 0: one rank of a session over several servers
     std::atomic<int64_t> last_used_ns{0};  // steady clock, at the last call on this session
 
     mutable std::mutex info_mu;

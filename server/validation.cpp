@@ -299,4 +299,36 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
   return grpc::Status::OK;
 }
 
+grpc::Status ValidateWorldRank(const v1::CreateSessionRequest& request, int device_count, WorldRank* world) {
+  *world = WorldRank();
+  if (!request.has_world()) return grpc::Status::OK;
+  const auto& w = request.world();
+  if (w.world_size() < 2 || w.world_size() > kMaxWorldSize) {
+    return Invalid("world.world_size is " + std::to_string(w.world_size()) + "; a session over several servers has 2.." +
+                   std::to_string(kMaxWorldSize) + " ranks");
+  }
+  if (w.rank() < 0 || w.rank() >= w.world_size()) {
+    return Invalid("world.rank " + std::to_string(w.rank()) + " is outside 0.." + std::to_string(w.world_size() - 1));
+  }
+  if (w.communicator_id().size() != kCommunicatorIdBytes) {
+    return Invalid("world.communicator_id has " + std::to_string(w.communicator_id().size()) + " bytes; it must be the " +
+                   std::to_string(kCommunicatorIdBytes) + " bytes NewCommunicatorId returned");
+  }
+  if (device_count == 0) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "a rank of a session over several servers needs a CUDA device; this server has none");
+  }
+  if (request.devices_size() > 1) {
+    return Invalid("a rank of a session over several servers drives one CUDA device; " +
+                   std::to_string(request.devices_size()) + " were given");
+  }
+  if (request.optimizer_in_backward()) {
+    return Invalid("optimizer_in_backward cannot be combined with world: the update needs every rank's gradients");
+  }
+  world->world_size = w.world_size();
+  world->rank = w.rank();
+  world->communicator_id = w.communicator_id();
+  return grpc::Status::OK;
+}
+
 }  // namespace tigon::server

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "server/engine_api.h"
 #include "tigon/engine.h"
 #include "tigon/v1/trainer.pb.h"
 
@@ -41,6 +42,14 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& setting
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
                                    tigon::SessionOptions* options, int64_t max_parameters = 0);
+
+// CreateSessionRequest.world, when set: world_size in [2, kMaxWorldSize], rank in [0, world_size), the
+// 128-byte communicator id, one CUDA device (devices empty means device 0), and not the optimizer in
+// backward (whose update cannot wait for the other ranks' gradients). Fills `world` (world_size 0 when
+// the request has no world). Call after ValidateCreateSession, which checked the device indices.
+grpc::Status ValidateWorldRank(const v1::CreateSessionRequest& request, int device_count, WorldRank* world);
+inline constexpr int kMaxWorldSize = 4096;
+inline constexpr size_t kCommunicatorIdBytes = 128;  // NCCL's unique id
 
 // The parameter count of a decoder described by a Hugging Face config (embeddings, attention, MLP,
 // norms, an untied output head; biases left out), in floating point so that absurd sizes do not

@@ -3,6 +3,8 @@
 // deadlines, auth, checkpoint paths, error mapping and metrics.
 #include "server/trainer_service.h"
 
+#include "server/validation.h"
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +35,12 @@ struct FakeEngine {
   std::mutex mu;
   tigon::Status next_error;  // returned once by the next step
   std::vector<std::string> saved, loaded;
+  // Sessions over several servers: the devices this fake server has, the world each rank session was
+  // created with, and the id NewCommunicatorId returns (empty: refused as a build without NCCL would).
+  std::atomic<int> device_count{0};
+  std::vector<WorldRank> worlds;  // guarded by mu
+  std::vector<std::vector<int>> world_devices;  // guarded by mu
+  std::string communicator_id;
 };
 
 class FakeSession : public tigon::Session {
@@ -159,7 +167,28 @@ class TrainerServiceTest : public testing::Test {
       *out = std::make_unique<FakeSession>(&engine_, options);
       return tigon::Status();
     };
-    api.list_devices = [] { return std::vector<tigon::DeviceInfo>{}; };
+    api.create_world_session = [this](const tigon::SessionOptions& options, const WorldRank& world,
+                                      std::unique_ptr<tigon::Session>* out) {
+      {
+        std::lock_guard<std::mutex> lock(engine_.mu);
+        engine_.worlds.push_back(world);
+        engine_.world_devices.push_back(options.devices);
+      }
+      ++engine_.sessions_created;
+      *out = std::make_unique<FakeSession>(&engine_, options);
+      return tigon::Status();
+    };
+    api.new_communicator_id = [this](std::string* id) {
+      if (engine_.communicator_id.empty())
+        return tigon::Status(tigon::StatusCode::kInvalidArgument, "this build has no NCCL");
+      *id = engine_.communicator_id;
+      return tigon::Status();
+    };
+    api.list_devices = [this] {
+      std::vector<tigon::DeviceInfo> devices(engine_.device_count.load());
+      for (size_t i = 0; i < devices.size(); ++i) devices[i].index = static_cast<int>(i);
+      return devices;
+    };
     api.model_families = {"llama"};
     api.engine_version = "fake-1";
     config.version = "9.9.9";
@@ -625,6 +654,122 @@ TEST_F(TrainerServiceTest, ServerInfoReportsLimitsAndVersions) {
   EXPECT_FALSE(info.auth_required());
   EXPECT_TRUE(info.checkpoints_enabled());
   EXPECT_EQ(info.active_sessions(), 1);
+}
+
+TEST_F(TrainerServiceTest, NewCommunicatorIdReturnsTheEnginesIdOrFailedPreconditionWithoutNccl) {
+  Start();
+  {
+    grpc::ClientContext ctx;
+    v1::NewCommunicatorIdResponse response;
+    const grpc::Status status = stub_->NewCommunicatorId(&ctx, {}, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(status.error_message().find("NCCL"), std::string::npos) << status.error_message();
+  }
+  engine_.communicator_id = std::string(kCommunicatorIdBytes, '\x5a');
+  grpc::ClientContext ctx;
+  v1::NewCommunicatorIdResponse response;
+  ASSERT_TRUE(stub_->NewCommunicatorId(&ctx, {}, &response).ok());
+  EXPECT_EQ(response.communicator_id(), engine_.communicator_id);
+}
+
+TEST_F(TrainerServiceTest, AWorldRankReachesTheEngineWithItsDeviceAndIsReportedInItsInfo) {
+  engine_.device_count = 2;
+  Start();
+  const std::string id(kCommunicatorIdBytes, '\x01');
+  auto request_for = [&](int rank, std::vector<int> devices) {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    for (int d : devices) request.add_devices(d);
+    request.mutable_world()->set_world_size(3);
+    request.mutable_world()->set_rank(rank);
+    request.mutable_world()->set_communicator_id(id);
+    return request;
+  };
+  for (const auto& [rank, devices] : std::vector<std::pair<int, std::vector<int>>>{{2, {1}}, {0, {}}}) {
+    grpc::ClientContext ctx;
+    v1::SessionInfo info;
+    const grpc::Status status = stub_->CreateSession(&ctx, request_for(rank, devices), &info);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(info.world_size(), 3);
+    EXPECT_EQ(info.rank(), rank);
+    // MeasureSavings would build single-server copies of one rank: refused.
+    grpc::ClientContext measure_ctx;
+    v1::MeasureSavingsRequest measure;
+    measure.set_session_id(info.session_id());
+    measure.set_batch(1);
+    measure.set_seq_len(8);
+    v1::MeasureSavingsResponse measured;
+    EXPECT_EQ(stub_->MeasureSavings(&measure_ctx, measure, &measured).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  std::lock_guard<std::mutex> lock(engine_.mu);
+  ASSERT_EQ(engine_.worlds.size(), 2u);
+  EXPECT_EQ(engine_.worlds[0].world_size, 3);
+  EXPECT_EQ(engine_.worlds[0].rank, 2);
+  EXPECT_EQ(engine_.worlds[0].communicator_id, id);
+  EXPECT_EQ(engine_.world_devices[0], std::vector<int>{1});
+  EXPECT_EQ(engine_.worlds[1].rank, 0);
+  EXPECT_EQ(engine_.world_devices[1], std::vector<int>{0});  // no device given: device 0
+  // A plain session still goes through create_session and reports no world.
+  grpc::ClientContext ctx;
+  v1::SessionInfo plain;
+  v1::CreateSessionRequest request;
+  request.set_config_json(R"({"model_type": "llama"})");
+  ASSERT_TRUE(stub_->CreateSession(&ctx, request, &plain).ok());
+  EXPECT_EQ(plain.world_size(), 0);
+  EXPECT_EQ(engine_.worlds.size(), 2u);
+}
+
+TEST_F(TrainerServiceTest, BadWorldRanksAreRefusedBeforeTheEngine) {
+  engine_.device_count = 2;
+  Start();
+  struct Case {
+    int world_size, rank;
+    size_t id_bytes;
+    std::vector<int> devices;
+    bool in_backward;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {1, 0, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "world_size"},
+      {kMaxWorldSize + 1, 0, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "world_size"},
+      {2, 2, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "rank"},
+      {2, -1, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "rank"},
+      {2, 0, 127, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "communicator_id"},
+      {2, 0, 0, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "communicator_id"},
+      {2, 0, kCommunicatorIdBytes, {0, 1}, false, grpc::StatusCode::INVALID_ARGUMENT, "one CUDA device"},
+      {2, 0, kCommunicatorIdBytes, {}, true, grpc::StatusCode::INVALID_ARGUMENT, "optimizer_in_backward"},
+  };
+  for (const auto& c : cases) {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    for (int d : c.devices) request.add_devices(d);
+    request.set_optimizer_in_backward(c.in_backward);
+    request.mutable_world()->set_world_size(c.world_size);
+    request.mutable_world()->set_rank(c.rank);
+    request.mutable_world()->set_communicator_id(std::string(c.id_bytes, '\x02'));
+    grpc::ClientContext ctx;
+    v1::SessionInfo info;
+    const grpc::Status status = stub_->CreateSession(&ctx, request, &info);
+    EXPECT_EQ(status.error_code(), c.code) << c.says << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find(c.says), std::string::npos) << status.error_message();
+  }
+  EXPECT_EQ(engine_.sessions_created, 0);
+}
+
+TEST_F(TrainerServiceTest, AWorldRankNeedsACudaDevice) {
+  Start();  // the fake server has no devices
+  v1::CreateSessionRequest request;
+  request.set_config_json(R"({"model_type": "llama"})");
+  request.mutable_world()->set_world_size(2);
+  request.mutable_world()->set_communicator_id(std::string(kCommunicatorIdBytes, '\x03'));
+  grpc::ClientContext ctx;
+  v1::SessionInfo info;
+  const grpc::Status status = stub_->CreateSession(&ctx, request, &info);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("CUDA device"), std::string::npos) << status.error_message();
+  EXPECT_EQ(engine_.sessions_created, 0);
 }
 
 TEST_F(TrainerServiceTest, MeasureSavingsRunsTemporaryTwinsAndLeavesTheSessionAlone) {

@@ -14,9 +14,10 @@ from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, 
                      PermissionDenied, ResourceExhausted, TigonError, Unauthenticated, Unavailable)
 from .results import (CheckpointResult, DeviceInfo, ForwardResult, KernelMeasurement, SavingsResult, ServerInfo,
                       SessionInfo, StepResult)
+from .world import WorldSession
 
 __all__ = [
-    "connect", "Client", "Session", "Future",
+    "connect", "Client", "Session", "Future", "WorldSession",
     "TigonError", "InvalidArgument", "NotFound", "ResourceExhausted", "Unauthenticated", "PermissionDenied",
     "FailedPrecondition", "DeadlineExceeded", "Unavailable", "Cancelled", "Internal",
     "StepResult", "ForwardResult", "CheckpointResult", "SessionInfo", "ServerInfo", "DeviceInfo",

@@ -183,9 +183,20 @@ class Client:
 
     # ---- sessions ----
 
-    def _create_request(self, model, precision, kernels, optimizer, seed, devices, optimizer_in_backward=False):
+    def new_communicator_id(self, *, timeout=None):
+        """A fresh communicator id (bytes) for a session spread over several servers (see WorldSession);
+        ask the server that will hold rank 0. FailedPrecondition where the server has no NCCL."""
+        return self._call("NewCommunicatorId", pb.NewCommunicatorIdRequest(), lambda r: r.communicator_id, timeout)
+
+    def _create_request(self, model, precision, kernels, optimizer, seed, devices, optimizer_in_backward=False,
+                        world=None):
         request = pb.CreateSessionRequest(precision=precision, seed=int(seed),
                                           optimizer_in_backward=bool(optimizer_in_backward))
+        if world is not None:
+            world_size, rank, communicator_id = world
+            request.world.world_size = int(world_size)
+            request.world.rank = int(rank)
+            request.world.communicator_id = bytes(communicator_id)
         if isinstance(model, dict):
             if "model_type" not in model:
                 raise InvalidArgument("the model config has no 'model_type' (e.g. 'llama')")
@@ -216,7 +227,7 @@ class Client:
         return request
 
     def create_session(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
-                       devices=None, optimizer_in_backward=False, timeout=None):
+                       devices=None, optimizer_in_backward=False, world=None, timeout=None):
         """A new session on the server.
 
         model: a Hugging Face config dict with "model_type" (random initialisation from `seed`), or the
@@ -227,14 +238,18 @@ class Client:
         devices: CUDA device indices (None: device 0 when the server has one, else its CPU).
         optimizer_in_backward: apply AdamW to each parameter during backward, so that a train_step never
           holds all gradients (saves 2 bytes per parameter in bf16); same results, one device, no clipping.
+        world: (world_size, rank, communicator_id) makes this session one rank of a data-parallel session
+          over several servers; every rank must be created at the same time (WorldSession does it).
         """
-        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward)
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward,
+                                       world)
         info = self._call("CreateSession", request, SessionInfo.from_proto, timeout)
         return Session(self, info)
 
     def create_session_async(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
-                             devices=None, optimizer_in_backward=False, timeout=None):
-        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward)
+                             devices=None, optimizer_in_backward=False, world=None, timeout=None):
+        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward,
+                                       world)
         return self._call_async("CreateSession", request,
                                 lambda r: Session(self, SessionInfo.from_proto(r)), timeout)
 

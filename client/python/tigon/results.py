@@ -58,6 +58,8 @@ class SessionInfo:
     optimizer: Dict[str, float]
     seed: int
     optimizer_in_backward: bool = False
+    world_size: int = 0  # > 0: one rank of a session over several servers
+    rank: int = 0
 
     @classmethod
     def from_proto(cls, m):
@@ -69,7 +71,8 @@ class SessionInfo:
                    devices=list(m.devices), step=m.step, accumulated_batches=m.accumulated_batches,
                    optimizer=dict(lr=o.lr, beta1=o.beta1, beta2=o.beta2, eps=o.eps,
                                   weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm),
-                   seed=m.seed, optimizer_in_backward=m.optimizer_in_backward)
+                   seed=m.seed, optimizer_in_backward=m.optimizer_in_backward, world_size=m.world_size,
+                   rank=m.rank)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,11 @@ class TrainerStub(object):
                 request_serializer=tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=tigon_dot_v1_dot_trainer__pb2.ServerInfo.FromString,
                 )
+        self.NewCommunicatorId = channel.unary_unary(
+                '/tigon.v1.Trainer/NewCommunicatorId',
+                request_serializer=tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdRequest.SerializeToString,
+                response_deserializer=tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdResponse.FromString,
+                )
         self.MeasureSavings = channel.unary_unary(
                 '/tigon.v1.Trainer/MeasureSavings',
                 request_serializer=tigon_dot_v1_dot_trainer__pb2.MeasureSavingsRequest.SerializeToString,
@@ -151,6 +156,15 @@ class TrainerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NewCommunicatorId(self, request, context):
+        """A fresh NCCL unique id for a session whose ranks run on several servers (CreateSessionRequest.world).
+        The server that made it hosts the ranks' rendezvous: ask the server that will hold rank 0.
+        FAILED_PRECONDITION where the server was built without NCCL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MeasureSavings(self, request, context):
         """Peak memory and time of one training step with fused and with reference kernels, for the session's
         model, precision and devices and a given batch shape. Runs on two temporary sessions (random
@@ -217,6 +231,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.FromString,
                     response_serializer=tigon_dot_v1_dot_trainer__pb2.ServerInfo.SerializeToString,
+            ),
+            'NewCommunicatorId': grpc.unary_unary_rpc_method_handler(
+                    servicer.NewCommunicatorId,
+                    request_deserializer=tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdRequest.FromString,
+                    response_serializer=tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdResponse.SerializeToString,
             ),
             'MeasureSavings': grpc.unary_unary_rpc_method_handler(
                     servicer.MeasureSavings,
@@ -418,6 +437,23 @@ class Trainer(object):
         return grpc.experimental.unary_unary(request, target, '/tigon.v1.Trainer/GetServerInfo',
             tigon_dot_v1_dot_trainer__pb2.GetServerInfoRequest.SerializeToString,
             tigon_dot_v1_dot_trainer__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def NewCommunicatorId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/tigon.v1.Trainer/NewCommunicatorId',
+            tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdRequest.SerializeToString,
+            tigon_dot_v1_dot_trainer__pb2.NewCommunicatorIdResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

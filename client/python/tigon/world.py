@@ -1,0 +1,148 @@
+"""Data parallelism over several servers: one session spread over N tigon-servers, one CUDA device each.
+
+    clients = [tigon.connect(address) for address in ("host-a:50051", "host-b:50051")]
+    with tigon.WorldSession.create(clients, config, precision="bf16") as world:
+        for batch in batches:                 # [rows, seq_len], rows >= the number of servers
+            result = world.train_step(batch)  # loss, tokens and grad norm of the whole batch
+
+Rank 0's server makes the communicator id (NewCommunicatorId) and every server creates its rank at the
+same time; the ranks then sum their gradients with NCCL, server to server. Each call is sent to every rank
+at once, each with its share of the rows (split as evenly as possible, in order), and returns rank 0's
+result. The ranks' weights stay identical: rank 0 saves checkpoints for all of them.
+"""
+from .errors import InvalidArgument, TigonError
+
+try:
+    import numpy as np
+except ImportError:  # numpy is optional
+    np = None
+
+
+def _row_shares(rows, ranks):
+    """[(first, count)] per rank: the rows split as evenly as possible, in order."""
+    base, extra = divmod(rows, ranks)
+    shares, first = [], 0
+    for r in range(ranks):
+        count = base + (1 if r < extra else 0)
+        shares.append((first, count))
+        first += count
+    return shares
+
+
+def _rows(values, first, count):
+    if values is None:
+        return None
+    if np is not None and isinstance(values, np.ndarray):
+        return values[first:first + count] if values.ndim == 2 else values
+    if len(values) > 0 and not isinstance(values[0], (list, tuple)):
+        return values  # one row: only a batch of one row, refused before this
+    return values[first:first + count]
+
+
+def _row_count(values):
+    if np is not None and isinstance(values, np.ndarray):
+        return 1 if values.ndim == 1 else values.shape[0]
+    if len(values) > 0 and not isinstance(values[0], (list, tuple)):
+        return 1
+    return len(values)
+
+
+class WorldSession:
+    """One data-parallel session over several servers. Create it with WorldSession.create."""
+
+    def __init__(self, sessions):
+        self.sessions = list(sessions)
+
+    @classmethod
+    def create(cls, clients, model, *, devices=None, timeout=None, **session_options):
+        """Creates rank r of the session on clients[r] (devices: one CUDA index per server, or None for
+        device 0 everywhere); the other options are create_session's. If any rank fails, the ranks that
+        were created are closed and the first error is raised."""
+        clients = list(clients)
+        if len(clients) < 2:
+            raise InvalidArgument("a session over several servers needs at least two clients")
+        if devices is not None and len(devices) != len(clients):
+            raise InvalidArgument(f"devices has {len(devices)} entries for {len(clients)} servers")
+        communicator_id = clients[0].new_communicator_id(timeout=timeout)
+        futures = [client.create_session_async(
+            model, devices=None if devices is None else [devices[r]],
+            world=(len(clients), r, communicator_id), timeout=timeout, **session_options)
+            for r, client in enumerate(clients)]
+        sessions, first_error = [], None
+        for future in futures:
+            try:
+                sessions.append(future.result())
+            except TigonError as error:
+                first_error = first_error or error
+        if first_error is not None:
+            for session in sessions:
+                try:
+                    session.close()
+                except TigonError:
+                    pass
+            raise first_error
+        return cls(sessions)
+
+    @property
+    def world_size(self):
+        return len(self.sessions)
+
+    def _on_every_rank(self, method, input_ids, labels, loss_weights, **kwargs):
+        rows = _row_count(input_ids)
+        if rows < self.world_size:
+            raise InvalidArgument(f"a batch of {rows} rows cannot be shared by {self.world_size} ranks: "
+                                  "each needs at least one row")
+        futures = []
+        for session, (first, count) in zip(self.sessions, _row_shares(rows, self.world_size)):
+            futures.append(getattr(session, method)(_rows(input_ids, first, count), _rows(labels, first, count),
+                                                    _rows(loss_weights, first, count), **kwargs))
+        return self._results(futures)
+
+    @staticmethod
+    def _results(futures):
+        results, first_error = [], None
+        for future in futures:
+            try:
+                results.append(future.result())
+            except TigonError as error:
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+        return results[0]
+
+    def train_step(self, input_ids, labels=None, loss_weights=None, **settings):
+        """Session.train_step over the whole batch; the settings (lr, ...) go to every rank."""
+        return self._on_every_rank("train_step_async", input_ids, labels, loss_weights, **settings)
+
+    def forward_backward(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
+        return self._on_every_rank("forward_backward_async", input_ids, labels, loss_weights, timeout=timeout)
+
+    def optim_step(self, **settings):
+        return self._results([session.optim_step_async(**settings) for session in self.sessions])
+
+    def save(self, path, *, timeout=None):
+        """Rank 0 saves (every rank holds the same weights)."""
+        return self.sessions[0].save(path, timeout=timeout)
+
+    def load(self, path, *, timeout=None):
+        """Every rank loads `path` (a folder all servers can read)."""
+        return self._results([session.load_async(path, timeout=timeout) for session in self.sessions])
+
+    def info(self, *, timeout=None):
+        return [session.info(timeout=timeout) for session in self.sessions]
+
+    def close(self, *, timeout=None):
+        first_error = None
+        for session in self.sessions:
+            try:
+                session.close(timeout=timeout)
+            except TigonError as error:
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

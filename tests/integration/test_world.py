@@ -1,0 +1,64 @@
+"""Sessions over several servers (CreateSessionRequest.world, tigon.WorldSession) on machines without a GPU:
+the refusals a CPU-only server gives, and the client's row split. The training itself needs NCCL and a GPU
+per server: tests/integration/gpu/test_world_gpu.py."""
+import numpy as np
+import pytest
+
+import tigon
+from conftest import TINY_LLAMA
+from tigon.world import _row_shares, _rows
+
+
+def test_new_communicator_id_without_nccl_is_failed_precondition(shared_server):
+    client = shared_server.client()
+    with pytest.raises(tigon.FailedPrecondition, match="NCCL"):
+        client.new_communicator_id()
+    assert client.server_info().version  # still serving
+
+
+def test_a_world_rank_on_a_server_without_cuda_is_refused_and_nothing_is_created(shared_server):
+    client = shared_server.client()
+    before = len(client.list_sessions())
+    with pytest.raises(tigon.FailedPrecondition, match="CUDA device"):
+        client.create_session(TINY_LLAMA, precision="fp32", world=(2, 0, bytes(128)))
+    with pytest.raises(tigon.InvalidArgument, match="communicator_id"):
+        client.create_session(TINY_LLAMA, precision="fp32", world=(2, 0, b"short"))
+    with pytest.raises(tigon.InvalidArgument, match="rank"):
+        client.create_session(TINY_LLAMA, precision="fp32", world=(2, 5, bytes(128)))
+    assert len(client.list_sessions()) == before
+
+
+def test_world_session_create_reports_the_first_refusal(shared_server):
+    clients = [shared_server.client(), shared_server.client()]
+    with pytest.raises(tigon.FailedPrecondition, match="NCCL"):
+        tigon.WorldSession.create(clients, TINY_LLAMA, precision="fp32")
+    with pytest.raises(tigon.InvalidArgument, match="two clients"):
+        tigon.WorldSession.create(clients[:1], TINY_LLAMA)
+    with pytest.raises(tigon.InvalidArgument, match="devices"):
+        tigon.WorldSession.create(clients, TINY_LLAMA, devices=[0])
+
+
+@pytest.mark.parametrize("rows,ranks", [(2, 2), (7, 2), (5, 3), (16, 4), (3, 3)])
+def test_rows_are_shared_in_order_as_evenly_as_possible(rows, ranks):
+    shares = _row_shares(rows, ranks)
+    assert len(shares) == ranks
+    assert [count for _, count in shares] == sorted((count for _, count in shares), reverse=True)
+    assert max(c for _, c in shares) - min(c for _, c in shares) <= 1
+    assert min(c for _, c in shares) >= 1
+    batch = np.arange(rows * 3).reshape(rows, 3)
+    pieces = [_rows(batch, first, count) for first, count in shares]
+    np.testing.assert_array_equal(np.concatenate(pieces), batch)
+    as_lists = [_rows(batch.tolist(), first, count) for first, count in shares]
+    assert sum(as_lists, []) == batch.tolist()
+
+
+def test_a_batch_with_fewer_rows_than_ranks_is_refused_before_any_call():
+    class Unreachable:
+        def train_step_async(self, *args, **kwargs):
+            raise AssertionError("no rank may be called")
+
+    world = tigon.WorldSession([Unreachable(), Unreachable(), Unreachable()])
+    with pytest.raises(tigon.InvalidArgument, match="3 ranks"):
+        world.train_step(np.zeros((2, 8), dtype=np.int32))
+    with pytest.raises(tigon.InvalidArgument, match="3 ranks"):
+        world.train_step([1, 2, 3, 4])
