@@ -9,7 +9,8 @@
 #   3. the traces per device (bench/analyze_trace.py --per-device): busy time, idle gaps, NCCL overlap,
 #      launch waits, kernel times against the one-GPU trace;
 #   4. equality: GPU 0 alone against all GPUs (bf16_mixed, small Llama), the CPU-replica tests against
-#      LibTorch 2.11, the same equality with one process per GPU, and fp32 equality.
+#      LibTorch 2.11, one session over two servers (tests/integration/gpu/test_world_gpu.py), the same
+#      equality with one process per GPU, and fp32 equality.
 # Carry .deps (deploy/device/fetch-deps.sh). Logs, JSON and gzipped traces under ${OUT:-out}; a summary
 # table last.
 set -uo pipefail
@@ -63,7 +64,10 @@ if [[ -f $LOGS/profile/data_parallel.json ]]; then
 fi
 TAIL_LINES=16 run_phase dp_equality timeout -k 10 90 $BIN check --devices "$DEVICES" --precision bf16_mixed --steps 8 \
   --rows 8 --seq 256 --tolerance 0.02
-TIGON_TARGETS="tigon_engine_tests" run_phase dp_build_tests bash deploy/device/build.sh -DTIGON_BUILD_TESTS=ON
+TIGON_TARGETS="tigon_engine_tests tigon-server" run_phase dp_build_tests bash deploy/device/build.sh -DTIGON_BUILD_TESTS=ON
+# One session over two servers, one GPU each (tigon.WorldSession), against one server on one GPU.
+run_phase dp_two_servers timeout -k 10 120 env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server \
+  PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q tests/integration/gpu/test_world_gpu.py
 run_phase dp_cpu_tests timeout -k 10 60 $TIGON_BUILD_DIR/tests/tigon_engine_tests --gtest_filter='DataParallel*'
 TAIL_LINES=14 run_phase dp_ranks_processes timeout -k 10 75 $BIN ranks --devices "$DEVICES" --precision bf16_mixed \
   --steps 6 --rows 8 --seq 256 --tolerance 0.02

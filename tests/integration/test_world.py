@@ -62,3 +62,49 @@ def test_a_batch_with_fewer_rows_than_ranks_is_refused_before_any_call():
         world.train_step(np.zeros((2, 8), dtype=np.int32))
     with pytest.raises(tigon.InvalidArgument, match="3 ranks"):
         world.train_step([1, 2, 3, 4])
+
+
+class _Finished:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _RecordingRank:
+    """Stands in for a rank's Session: records what each call received."""
+
+    def __init__(self, rank, calls):
+        self.rank, self.calls = rank, calls
+
+    def train_step_async(self, input_ids, labels, loss_weights, **settings):
+        self.calls.append(("train_step", self.rank, np.asarray(input_ids).tolist(),
+                           None if labels is None else np.asarray(labels).tolist(), settings))
+        return _Finished(f"result of rank {self.rank}")
+
+    def save_async(self, path, timeout=None):
+        self.calls.append(("save", self.rank, path))
+        return _Finished(self.rank)
+
+    def load_async(self, path, timeout=None):
+        self.calls.append(("load", self.rank, path))
+        return _Finished(self.rank)
+
+
+def test_each_rank_gets_its_rows_and_the_settings_and_rank_0s_result_is_returned():
+    calls = []
+    world = tigon.WorldSession([_RecordingRank(r, calls) for r in range(2)])
+    batch = np.arange(15).reshape(5, 3)
+    labels = batch + 100
+    assert world.train_step(batch, labels, lr=0.5) == "result of rank 0"
+    assert calls == [("train_step", 0, batch[:3].tolist(), labels[:3].tolist(), {"lr": 0.5}),
+                     ("train_step", 1, batch[3:].tolist(), labels[3:].tolist(), {"lr": 0.5})]
+
+
+def test_save_and_load_act_on_every_rank():
+    calls = []
+    world = tigon.WorldSession([_RecordingRank(r, calls) for r in range(3)])
+    world.save("run/step-1")
+    world.load("run/step-1")
+    assert calls == [("save", r, "run/step-1") for r in range(3)] + [("load", r, "run/step-1") for r in range(3)]

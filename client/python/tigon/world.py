@@ -8,7 +8,7 @@
 Rank 0's server makes the communicator id (NewCommunicatorId) and every server creates its rank at the
 same time; the ranks then sum their gradients with NCCL, server to server. Each call is sent to every rank
 at once, each with its share of the rows (split as evenly as possible, in order), and returns rank 0's
-result. The ranks' weights stay identical: rank 0 saves checkpoints for all of them.
+result. The ranks' weights stay identical; save and load act on every rank.
 """
 from .errors import InvalidArgument, TigonError
 
@@ -121,8 +121,9 @@ class WorldSession:
         return self._results([session.optim_step_async(**settings) for session in self.sessions])
 
     def save(self, path, *, timeout=None):
-        """Rank 0 saves (every rank holds the same weights)."""
-        return self.sessions[0].save(path, timeout=timeout)
+        """Every rank saves to `path` under its own server's --checkpoint-root (the weights are the same
+        on every rank), so that load works whether or not the servers share a file system."""
+        return self._results([session.save_async(path, timeout=timeout) for session in self.sessions])
 
     def load(self, path, *, timeout=None):
         """Every rank loads `path` (a folder all servers can read)."""
