@@ -91,6 +91,10 @@ class _RecordingRank:
         self.calls.append(("load", self.rank, path))
         return _Finished(self.rank)
 
+    def close_async(self, timeout=None):
+        self.calls.append(("close", self.rank))
+        return _Finished(None)
+
 
 def test_each_rank_gets_its_rows_and_the_settings_and_rank_0s_result_is_returned():
     calls = []
@@ -102,9 +106,10 @@ def test_each_rank_gets_its_rows_and_the_settings_and_rank_0s_result_is_returned
                      ("train_step", 1, batch[3:].tolist(), labels[3:].tolist(), {"lr": 0.5})]
 
 
-def test_save_and_load_act_on_every_rank():
+def test_save_load_and_close_act_on_every_rank():
     calls = []
-    world = tigon.WorldSession([_RecordingRank(r, calls) for r in range(3)])
-    world.save("run/step-1")
-    world.load("run/step-1")
-    assert calls == [("save", r, "run/step-1") for r in range(3)] + [("load", r, "run/step-1") for r in range(3)]
+    with tigon.WorldSession([_RecordingRank(r, calls) for r in range(3)]) as world:
+        world.save("run/step-1")
+        world.load("run/step-1")
+    assert calls == ([("save", r, "run/step-1") for r in range(3)] + [("load", r, "run/step-1") for r in range(3)] +
+                     [("close", r) for r in range(3)])

@@ -39,6 +39,18 @@ def _rows(values, first, count):
     return values[first:first + count]
 
 
+def _gather(futures):
+    """Waits for every future (a rank's call must not be left running unseen); returns the results and
+    the first error, or None."""
+    results, first_error = [], None
+    for future in futures:
+        try:
+            results.append(future.result())
+        except TigonError as error:
+            first_error = first_error or error
+    return results, first_error
+
+
 def _row_count(values):
     if np is not None and isinstance(values, np.ndarray):
         return 1 if values.ndim == 1 else values.shape[0]
@@ -68,12 +80,7 @@ class WorldSession:
             model, devices=None if devices is None else [devices[r]],
             world=(len(clients), r, communicator_id), timeout=timeout, **session_options)
             for r, client in enumerate(clients)]
-        sessions, first_error = [], None
-        for future in futures:
-            try:
-                sessions.append(future.result())
-            except TigonError as error:
-                first_error = first_error or error
+        sessions, first_error = _gather(futures)
         if first_error is not None:
             for session in sessions:
                 try:
@@ -100,12 +107,7 @@ class WorldSession:
 
     @staticmethod
     def _results(futures):
-        results, first_error = [], None
-        for future in futures:
-            try:
-                results.append(future.result())
-            except TigonError as error:
-                first_error = first_error or error
+        results, first_error = _gather(futures)
         if first_error is not None:
             raise first_error
         return results[0]
@@ -133,12 +135,7 @@ class WorldSession:
         return [session.info(timeout=timeout) for session in self.sessions]
 
     def close(self, *, timeout=None):
-        first_error = None
-        for session in self.sessions:
-            try:
-                session.close(timeout=timeout)
-            except TigonError as error:
-                first_error = first_error or error
+        _, first_error = _gather([session.close_async(timeout=timeout) for session in self.sessions])
         if first_error is not None:
             raise first_error
 
