@@ -15,6 +15,7 @@ EngineApi RealEngineApi() {
     parallel.world_size = world.world_size;
     parallel.rank = world.rank;
     parallel.nccl_unique_id = world.communicator_id;
+    if (world.collective_timeout_seconds > 0) parallel.collective_timeout_seconds = world.collective_timeout_seconds;
     return tigon::CreateDataParallelSession(options, parallel, session);
   };
   api.new_communicator_id = [](std::string* id) { return tigon::NewNcclUniqueId(id); };

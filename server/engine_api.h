@@ -16,6 +16,7 @@ struct WorldRank {
   int world_size = 0;  // 0: not part of a world
   int rank = 0;
   std::string communicator_id;
+  double collective_timeout_seconds = 0.0;  // 0: the engine's default
 };
 
 struct EngineApi {

@@ -325,6 +325,12 @@ grpc::Status ValidateWorldRank(const v1::CreateSessionRequest& request, int devi
   if (request.optimizer_in_backward()) {
     return Invalid("optimizer_in_backward cannot be combined with world: the update needs every rank's gradients");
   }
+  const double timeout = w.collective_timeout_seconds();
+  if (!std::isfinite(timeout) || timeout < 0 || timeout > kMaxCollectiveTimeoutSeconds) {
+    return Invalid("world.collective_timeout_seconds must be in [0, " +
+                   std::to_string(static_cast<int>(kMaxCollectiveTimeoutSeconds)) + "] (0: the default)");
+  }
+  world->collective_timeout_seconds = timeout;
   world->world_size = w.world_size();
   world->rank = w.rank();
   world->communicator_id = w.communicator_id();

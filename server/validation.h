@@ -44,12 +44,14 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    tigon::SessionOptions* options, int64_t max_parameters = 0);
 
 // CreateSessionRequest.world, when set: world_size in [2, kMaxWorldSize], rank in [0, world_size), the
-// 128-byte communicator id, one CUDA device (devices empty means device 0), and not the optimizer in
-// backward (whose update cannot wait for the other ranks' gradients). Fills `world` (world_size 0 when
-// the request has no world). Call after ValidateCreateSession, which checked the device indices.
+// 128-byte communicator id, a collective timeout in [0, a day], one CUDA device (devices empty means
+// device 0), and not the optimizer in backward (whose update cannot wait for the other ranks'
+// gradients). Fills `world` (world_size 0 when the request has no world). Call after
+// ValidateCreateSession, which checked the device indices.
 grpc::Status ValidateWorldRank(const v1::CreateSessionRequest& request, int device_count, WorldRank* world);
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr size_t kCommunicatorIdBytes = 128;  // NCCL's unique id
+inline constexpr double kMaxCollectiveTimeoutSeconds = 86400.0;
 
 // The parameter count of a decoder described by a Hugging Face config (embeddings, attention, MLP,
 // norms, an untied output head; biases left out), in floating point so that absurd sizes do not

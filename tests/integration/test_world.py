@@ -113,3 +113,14 @@ def test_save_load_and_close_act_on_every_rank():
         world.load("run/step-1")
     assert calls == ([("save", r, "run/step-1") for r in range(3)] + [("load", r, "run/step-1") for r in range(3)] +
                      [("close", r) for r in range(3)])
+
+
+def test_the_world_and_its_timeout_reach_the_request(shared_server):
+    client = shared_server.client()
+    request = client._create_request(TINY_LLAMA, "fp32", "fused", None, 0, None, False, (3, 2, bytes(128), 12.5))
+    assert (request.world.world_size, request.world.rank) == (3, 2)
+    assert request.world.communicator_id == bytes(128)
+    assert request.world.collective_timeout_seconds == 12.5
+    request = client._create_request(TINY_LLAMA, "fp32", "fused", None, 0, None, False, (2, 0, bytes(128), None))
+    assert request.world.collective_timeout_seconds == 0  # the server's default
+    assert not client._create_request(TINY_LLAMA, "fp32", "fused", None, 0, None).HasField("world")

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -683,6 +684,7 @@ TEST_F(TrainerServiceTest, AWorldRankReachesTheEngineWithItsDeviceAndIsReportedI
     request.mutable_world()->set_world_size(3);
     request.mutable_world()->set_rank(rank);
     request.mutable_world()->set_communicator_id(id);
+    request.mutable_world()->set_collective_timeout_seconds(rank == 2 ? 45.0 : 0.0);
     return request;
   };
   for (const auto& [rank, devices] : std::vector<std::pair<int, std::vector<int>>>{{2, {1}}, {0, {}}}) {
@@ -708,6 +710,8 @@ TEST_F(TrainerServiceTest, AWorldRankReachesTheEngineWithItsDeviceAndIsReportedI
   EXPECT_EQ(engine_.worlds[0].rank, 2);
   EXPECT_EQ(engine_.worlds[0].communicator_id, id);
   EXPECT_EQ(engine_.world_devices[0], std::vector<int>{1});
+  EXPECT_EQ(engine_.worlds[0].collective_timeout_seconds, 45.0);
+  EXPECT_EQ(engine_.worlds[1].collective_timeout_seconds, 0.0);  // the engine's default
   EXPECT_EQ(engine_.worlds[1].rank, 0);
   EXPECT_EQ(engine_.world_devices[1], std::vector<int>{0});  // no device given: device 0
   // A plain session still goes through create_session and reports no world.
@@ -728,18 +732,22 @@ TEST_F(TrainerServiceTest, BadWorldRanksAreRefusedBeforeTheEngine) {
     size_t id_bytes;
     std::vector<int> devices;
     bool in_backward;
-    grpc::StatusCode code;
+    double timeout;
     const char* says;
   };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<Case> cases = {
-      {1, 0, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "world_size"},
-      {kMaxWorldSize + 1, 0, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "world_size"},
-      {2, 2, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "rank"},
-      {2, -1, kCommunicatorIdBytes, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "rank"},
-      {2, 0, 127, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "communicator_id"},
-      {2, 0, 0, {}, false, grpc::StatusCode::INVALID_ARGUMENT, "communicator_id"},
-      {2, 0, kCommunicatorIdBytes, {0, 1}, false, grpc::StatusCode::INVALID_ARGUMENT, "one CUDA device"},
-      {2, 0, kCommunicatorIdBytes, {}, true, grpc::StatusCode::INVALID_ARGUMENT, "optimizer_in_backward"},
+      {1, 0, kCommunicatorIdBytes, {}, false, 0, "world_size"},
+      {kMaxWorldSize + 1, 0, kCommunicatorIdBytes, {}, false, 0, "world_size"},
+      {2, 2, kCommunicatorIdBytes, {}, false, 0, "rank"},
+      {2, -1, kCommunicatorIdBytes, {}, false, 0, "rank"},
+      {2, 0, 127, {}, false, 0, "communicator_id"},
+      {2, 0, 0, {}, false, 0, "communicator_id"},
+      {2, 0, kCommunicatorIdBytes, {0, 1}, false, 0, "one CUDA device"},
+      {2, 0, kCommunicatorIdBytes, {}, true, 0, "optimizer_in_backward"},
+      {2, 0, kCommunicatorIdBytes, {}, false, -1, "collective_timeout_seconds"},
+      {2, 0, kCommunicatorIdBytes, {}, false, nan, "collective_timeout_seconds"},
+      {2, 0, kCommunicatorIdBytes, {}, false, kMaxCollectiveTimeoutSeconds * 2, "collective_timeout_seconds"},
   };
   for (const auto& c : cases) {
     v1::CreateSessionRequest request;
@@ -749,10 +757,11 @@ TEST_F(TrainerServiceTest, BadWorldRanksAreRefusedBeforeTheEngine) {
     request.mutable_world()->set_world_size(c.world_size);
     request.mutable_world()->set_rank(c.rank);
     request.mutable_world()->set_communicator_id(std::string(c.id_bytes, '\x02'));
+    request.mutable_world()->set_collective_timeout_seconds(c.timeout);
     grpc::ClientContext ctx;
     v1::SessionInfo info;
     const grpc::Status status = stub_->CreateSession(&ctx, request, &info);
-    EXPECT_EQ(status.error_code(), c.code) << c.says << ": " << status.error_message();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.says << ": " << status.error_message();
     EXPECT_NE(status.error_message().find(c.says), std::string::npos) << status.error_message();
   }
   EXPECT_EQ(engine_.sessions_created, 0);

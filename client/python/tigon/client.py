@@ -193,10 +193,12 @@ class Client:
         request = pb.CreateSessionRequest(precision=precision, seed=int(seed),
                                           optimizer_in_backward=bool(optimizer_in_backward))
         if world is not None:
-            world_size, rank, communicator_id = world
+            world_size, rank, communicator_id, *timeout = world
             request.world.world_size = int(world_size)
             request.world.rank = int(rank)
             request.world.communicator_id = bytes(communicator_id)
+            if timeout and timeout[0] is not None:
+                request.world.collective_timeout_seconds = float(timeout[0])
         if isinstance(model, dict):
             if "model_type" not in model:
                 raise InvalidArgument("the model config has no 'model_type' (e.g. 'llama')")
@@ -238,8 +240,9 @@ class Client:
         devices: CUDA device indices (None: device 0 when the server has one, else its CPU).
         optimizer_in_backward: apply AdamW to each parameter during backward, so that a train_step never
           holds all gradients (saves 2 bytes per parameter in bf16); same results, one device, no clipping.
-        world: (world_size, rank, communicator_id) makes this session one rank of a data-parallel session
-          over several servers; every rank must be created at the same time (WorldSession does it).
+        world: (world_size, rank, communicator_id[, collective_timeout_seconds]) makes this session one rank
+          of a data-parallel session over several servers; every rank must be created at the same time
+          (WorldSession does it). A rank waits that long for the others (default 300 s), then fails.
         """
         request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward,
                                        world)

@@ -66,10 +66,11 @@ class WorldSession:
         self.sessions = list(sessions)
 
     @classmethod
-    def create(cls, clients, model, *, devices=None, timeout=None, **session_options):
+    def create(cls, clients, model, *, devices=None, collective_timeout=None, timeout=None, **session_options):
         """Creates rank r of the session on clients[r] (devices: one CUDA index per server, or None for
-        device 0 everywhere); the other options are create_session's. If any rank fails, the ranks that
-        were created are closed and the first error is raised."""
+        device 0 everywhere); the other options are create_session's. collective_timeout: seconds a rank
+        waits for the others, at creation and in every step, before the session fails (default 300). If
+        any rank fails, the ranks that were created are closed and the first error is raised."""
         clients = list(clients)
         if len(clients) < 2:
             raise InvalidArgument("a session over several servers needs at least two clients")
@@ -78,7 +79,7 @@ class WorldSession:
         communicator_id = clients[0].new_communicator_id(timeout=timeout)
         futures = [client.create_session_async(
             model, devices=None if devices is None else [devices[r]],
-            world=(len(clients), r, communicator_id), timeout=timeout, **session_options)
+            world=(len(clients), r, communicator_id, collective_timeout), timeout=timeout, **session_options)
             for r, client in enumerate(clients)]
         sessions, first_error = _gather(futures)
         if first_error is not None:
