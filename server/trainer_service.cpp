@@ -209,6 +209,14 @@ int64_t TrainerService::calls_in_flight() const {
 grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method) {
   const bool late = std::chrono::system_clock::now() >= ctx->deadline();
   if (!late && !ctx->IsCancelled()) return grpc::Status::OK;
+  if (entry->world.world_size > 0) {
+    // A rank's gradients are already summed with the other ranks', which go on to apply them: dropping
+    // them here alone would leave this rank's weights different from theirs. The step finishes and is
+    // remembered under its request_id, so a retry gets its result.
+    spdlog::warn("session {} {}: the caller gave up, but a rank of a multi-server session finishes the step its "
+                 "peers finish", entry->id, method);
+    return grpc::Status::OK;
+  }
   tigon::Status dropped = entry->session->DiscardGradients();
   RefreshInfo(entry);
   if (!dropped.ok()) {

@@ -995,6 +995,32 @@ TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) 
   }
 }
 
+TEST_F(TrainerServiceTest, ARankOfAWorldFinishesAStepWhoseCallerGaveUp) {
+  engine_.device_count = 1;
+  Start();
+  v1::CreateSessionRequest create;
+  create.set_config_json(R"({"model_type": "llama"})");
+  create.mutable_world()->set_world_size(2);
+  create.mutable_world()->set_communicator_id(std::string(kCommunicatorIdBytes, '\x04'));
+  v1::SessionInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->CreateSession(&ctx, create, &info).ok());
+  }
+  engine_.step_sleep_ms = 500;  // the forward and backward pass, past the deadline
+  v1::StepResult result;
+  EXPECT_EQ(Train(info.session_id(), &result, "late", 150ms).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  std::this_thread::sleep_for(700ms);  // the server finishes the step
+  EXPECT_EQ(engine_.discards, 0);
+  EXPECT_EQ(engine_.updates, 1);  // applied, as on the other ranks
+  // The retry gets the step's result instead of applying it again.
+  engine_.step_sleep_ms = 0;
+  ASSERT_TRUE(Train(info.session_id(), &result, "late").ok());
+  EXPECT_TRUE(result.replayed());
+  EXPECT_EQ(result.step(), 1);
+  EXPECT_EQ(engine_.updates, 1);
+}
+
 TEST_F(TrainerServiceTest, ASessionWithTheOptimizerInBackwardTrainsInOneEngineCall) {
   Start();
   v1::CreateSessionRequest request;
