@@ -41,7 +41,7 @@ struct FakeEngine {
   std::atomic<int> device_count{0};
   std::vector<WorldRank> worlds;  // guarded by mu
   std::vector<std::vector<int>> world_devices;  // guarded by mu
-  std::string communicator_id;
+  std::string communicator_id;  // guarded by mu
 };
 
 class FakeSession : public tigon::Session {
@@ -180,6 +180,7 @@ class TrainerServiceTest : public testing::Test {
       return tigon::Status();
     };
     api.new_communicator_id = [this](std::string* id) {
+      std::lock_guard<std::mutex> lock(engine_.mu);
       if (engine_.communicator_id.empty())
         return tigon::Status(tigon::StatusCode::kInvalidArgument, "this build has no NCCL");
       *id = engine_.communicator_id;
@@ -666,11 +667,15 @@ TEST_F(TrainerServiceTest, NewCommunicatorIdReturnsTheEnginesIdOrFailedPrecondit
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_NE(status.error_message().find("NCCL"), std::string::npos) << status.error_message();
   }
-  engine_.communicator_id = std::string(kCommunicatorIdBytes, '\x5a');
+  const std::string id(kCommunicatorIdBytes, '\x5a');
+  {
+    std::lock_guard<std::mutex> lock(engine_.mu);
+    engine_.communicator_id = id;
+  }
   grpc::ClientContext ctx;
   v1::NewCommunicatorIdResponse response;
   ASSERT_TRUE(stub_->NewCommunicatorId(&ctx, {}, &response).ok());
-  EXPECT_EQ(response.communicator_id(), engine_.communicator_id);
+  EXPECT_EQ(response.communicator_id(), id);
 }
 
 TEST_F(TrainerServiceTest, AWorldRankReachesTheEngineWithItsDeviceAndIsReportedInItsInfo) {
@@ -1010,7 +1015,10 @@ TEST_F(TrainerServiceTest, ARankOfAWorldFinishesAStepWhoseCallerGaveUp) {
   engine_.step_sleep_ms = 500;  // the forward and backward pass, past the deadline
   v1::StepResult result;
   EXPECT_EQ(Train(info.session_id(), &result, "late", 150ms).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  std::this_thread::sleep_for(700ms);  // the server finishes the step
+  // The server finishes the step (well after the client gave up; slower under sanitizers).
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (engine_.updates == 0 && engine_.discards == 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
   EXPECT_EQ(engine_.discards, 0);
   EXPECT_EQ(engine_.updates, 1);  // applied, as on the other ranks
   // The retry gets the step's result instead of applying it again.
