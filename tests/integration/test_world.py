@@ -1,6 +1,8 @@
 """Sessions over several servers (CreateSessionRequest.world, tigon.WorldSession) on machines without a GPU:
 the refusals a CPU-only server gives, and the client's row split. The training itself needs NCCL and a GPU
 per server: tests/integration/gpu/test_world_gpu.py."""
+import time
+
 import numpy as np
 import pytest
 
@@ -75,6 +77,8 @@ class _Finished:
 class _RecordingRank:
     """Stands in for a rank's Session: records what each call received."""
 
+    vocab_size = 1000
+
     def __init__(self, rank, calls):
         self.rank, self.calls = rank, calls
 
@@ -124,3 +128,80 @@ def test_the_world_and_its_timeout_reach_the_request(shared_server):
     request = client._create_request(TINY_LLAMA, "fp32", "fused", None, 0, None, False, (2, 0, bytes(128), None))
     assert request.world.collective_timeout_seconds == 0  # the server's default
     assert not client._create_request(TINY_LLAMA, "fp32", "fused", None, 0, None).HasField("world")
+
+
+def test_ids_outside_the_vocabulary_are_refused_before_any_rank_is_called():
+    calls = []
+    world = tigon.WorldSession([_RecordingRank(r, calls) for r in range(2)])
+    batch = np.arange(8).reshape(4, 2)
+    bad = batch.copy()
+    bad[3, 1] = 1000  # only rank 1's rows: its server alone would refuse them
+    with pytest.raises(tigon.InvalidArgument, match="input_ids holds 1000"):
+        world.train_step(bad)
+    with pytest.raises(tigon.InvalidArgument, match="labels holds -1"):
+        world.train_step(batch, labels=[[0, 1], [2, 3], [4, 5], [6, -1]])
+    assert calls == []
+    world.train_step(batch.tolist(), labels=[[0, 1], [2, 3], [4, 5], [6, -100]])  # -100: ignored
+    assert len(calls) == 2
+
+
+class _Call:
+    """A call that finishes when told to (or fails at once), as a client Future behaves."""
+
+    def __init__(self, error=None, value=None):
+        self.error, self.value, self.was_cancelled = error, value, False
+        self.finished = error is not None or value is not None
+        self.callbacks = []
+
+    def add_done_callback(self, fn):
+        self.callbacks.append(fn)
+        if self.finished:
+            fn(self)
+
+    def done(self):
+        return self.finished
+
+    def cancel(self):
+        self.was_cancelled = self.finished = True
+        self.error = tigon.TigonError("the call was cancelled")
+        for fn in self.callbacks:
+            fn(self)
+        return True
+
+    def exception(self, timeout=None):
+        return self.error
+
+    def result(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def test_a_rank_that_fails_to_be_created_cancels_the_ones_still_joining():
+    """Rank 1 is refused at once; rank 0 would wait for it until the collective timeout. create must raise
+    rank 1's error without waiting, cancel rank 0's call, and close the ranks that were created."""
+    closed = []
+
+    class Created:
+        def close(self, timeout=None):
+            closed.append(self)
+
+    joining, refused, created = _Call(), _Call(error=tigon.InvalidArgument("device 7 does not exist")), \
+        _Call(value=Created())
+
+    class FakeClient:
+        def __init__(self, call):
+            self.call = call
+
+        def new_communicator_id(self, timeout=None):
+            return bytes(128)
+
+        def create_session_async(self, model, **kwargs):
+            return self.call
+
+    start = time.monotonic()
+    with pytest.raises(tigon.InvalidArgument, match="device 7"):
+        tigon.WorldSession.create([FakeClient(joining), FakeClient(refused), FakeClient(created)], TINY_LLAMA)
+    assert time.monotonic() - start < 5
+    assert joining.was_cancelled and not created.was_cancelled
+    assert closed == [created.value]

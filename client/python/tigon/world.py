@@ -10,6 +10,8 @@ same time; the ranks then sum their gradients with NCCL, server to server. Each 
 at once, each with its share of the rows (split as evenly as possible, in order), and returns rank 0's
 result. The ranks' weights stay identical; save and load act on every rank.
 """
+import threading
+
 from .errors import InvalidArgument, TigonError
 
 try:
@@ -39,16 +41,47 @@ def _rows(values, first, count):
     return values[first:first + count]
 
 
-def _gather(futures):
+def _gather(futures, stop_at_first_error=False):
     """Waits for every future (a rank's call must not be left running unseen); returns the results and
-    the first error, or None."""
-    results, first_error = [], None
-    for future in futures:
+    the first error, or None. With stop_at_first_error, the calls still running when one fails are
+    cancelled (their servers drop what they were creating) instead of being waited for."""
+    cancelled = set()
+    if stop_at_first_error:
+        failed = threading.Event()
+        for future in futures:
+            future.add_done_callback(lambda f: failed.set() if f.exception() is not None else None)
+        while not failed.wait(0.05) and not all(f.done() for f in futures):
+            pass
+        if failed.is_set():
+            cancelled = {i for i, future in enumerate(futures) if not future.done() and future.cancel()}
+    results, errors = [], []
+    for i, future in enumerate(futures):
         try:
             results.append(future.result())
         except TigonError as error:
-            first_error = first_error or error
-    return results, first_error
+            errors.append((i in cancelled, error))  # the cause first, then what was cancelled because of it
+    errors.sort(key=lambda e: e[0])
+    return results, errors[0][1] if errors else None
+
+
+def _check_ids(values, vocab_size, name, allow_ignored):
+    """Ids outside [0, vocab_size) (labels may also be -100) are refused here: a server that refused its
+    rows alone would leave the other ranks waiting for the collective timeout."""
+    if values is None:
+        return
+    if np is not None:
+        array = np.asarray(values)
+        bad = (array < 0) | (array >= vocab_size)
+        if allow_ignored:
+            bad &= array != -100
+        if bad.any():
+            raise InvalidArgument(f"{name} holds {array[bad].flat[0]}, outside the vocabulary [0, {vocab_size})")
+        return
+    rows = values if len(values) > 0 and isinstance(values[0], (list, tuple)) else [values]
+    for row in rows:
+        for value in row:
+            if not (0 <= value < vocab_size or (allow_ignored and value == -100)):
+                raise InvalidArgument(f"{name} holds {value}, outside the vocabulary [0, {vocab_size})")
 
 
 def _row_count(values):
@@ -81,7 +114,7 @@ class WorldSession:
             model, devices=None if devices is None else [devices[r]],
             world=(len(clients), r, communicator_id, collective_timeout), timeout=timeout, **session_options)
             for r, client in enumerate(clients)]
-        sessions, first_error = _gather(futures)
+        sessions, first_error = _gather(futures, stop_at_first_error=True)
         if first_error is not None:
             for session in sessions:
                 try:
@@ -100,6 +133,9 @@ class WorldSession:
         if rows < self.world_size:
             raise InvalidArgument(f"a batch of {rows} rows cannot be shared by {self.world_size} ranks: "
                                   "each needs at least one row")
+        vocab_size = self.sessions[0].vocab_size
+        _check_ids(input_ids, vocab_size, "input_ids", allow_ignored=False)
+        _check_ids(labels, vocab_size, "labels", allow_ignored=True)
         futures = []
         for session, (first, count) in zip(self.sessions, _row_shares(rows, self.world_size)):
             futures.append(getattr(session, method)(_rows(input_ids, first, count), _rows(labels, first, count),
