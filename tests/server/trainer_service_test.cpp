@@ -212,6 +212,17 @@ class TrainerServiceTest : public testing::Test {
     std::filesystem::remove_all(root_dir_);
   }
 
+  // Rank `rank` of a world of `world_size`, with a communicator id of `id_bytes` copies of `fill`.
+  static v1::CreateSessionRequest WorldRequest(int world_size, int rank, size_t id_bytes = kCommunicatorIdBytes,
+                                               char fill = '\x01') {
+    v1::CreateSessionRequest request;
+    request.set_config_json(R"({"model_type": "llama"})");
+    request.mutable_world()->set_world_size(world_size);
+    request.mutable_world()->set_rank(rank);
+    request.mutable_world()->set_communicator_id(std::string(id_bytes, fill));
+    return request;
+  }
+
   std::string Create(grpc::Status* status = nullptr) {
     v1::CreateSessionRequest request;
     request.set_config_json(R"({"model_type": "llama"})");
@@ -683,12 +694,8 @@ TEST_F(TrainerServiceTest, AWorldRankReachesTheEngineWithItsDeviceAndIsReportedI
   Start();
   const std::string id(kCommunicatorIdBytes, '\x01');
   auto request_for = [&](int rank, std::vector<int> devices) {
-    v1::CreateSessionRequest request;
-    request.set_config_json(R"({"model_type": "llama"})");
+    v1::CreateSessionRequest request = WorldRequest(3, rank);
     for (int d : devices) request.add_devices(d);
-    request.mutable_world()->set_world_size(3);
-    request.mutable_world()->set_rank(rank);
-    request.mutable_world()->set_communicator_id(id);
     request.mutable_world()->set_collective_timeout_seconds(rank == 2 ? 45.0 : 0.0);
     return request;
   };
@@ -755,13 +762,9 @@ TEST_F(TrainerServiceTest, BadWorldRanksAreRefusedBeforeTheEngine) {
       {2, 0, kCommunicatorIdBytes, {}, false, kMaxCollectiveTimeoutSeconds * 2, "collective_timeout_seconds"},
   };
   for (const auto& c : cases) {
-    v1::CreateSessionRequest request;
-    request.set_config_json(R"({"model_type": "llama"})");
+    v1::CreateSessionRequest request = WorldRequest(c.world_size, c.rank, c.id_bytes);
     for (int d : c.devices) request.add_devices(d);
     request.set_optimizer_in_backward(c.in_backward);
-    request.mutable_world()->set_world_size(c.world_size);
-    request.mutable_world()->set_rank(c.rank);
-    request.mutable_world()->set_communicator_id(std::string(c.id_bytes, '\x02'));
     request.mutable_world()->set_collective_timeout_seconds(c.timeout);
     grpc::ClientContext ctx;
     v1::SessionInfo info;
@@ -774,10 +777,7 @@ TEST_F(TrainerServiceTest, BadWorldRanksAreRefusedBeforeTheEngine) {
 
 TEST_F(TrainerServiceTest, AWorldRankNeedsACudaDevice) {
   Start();  // the fake server has no devices
-  v1::CreateSessionRequest request;
-  request.set_config_json(R"({"model_type": "llama"})");
-  request.mutable_world()->set_world_size(2);
-  request.mutable_world()->set_communicator_id(std::string(kCommunicatorIdBytes, '\x03'));
+  const v1::CreateSessionRequest request = WorldRequest(2, 0);
   grpc::ClientContext ctx;
   v1::SessionInfo info;
   const grpc::Status status = stub_->CreateSession(&ctx, request, &info);
@@ -1003,10 +1003,7 @@ TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) 
 TEST_F(TrainerServiceTest, ARankOfAWorldFinishesAStepWhoseCallerGaveUp) {
   engine_.device_count = 1;
   Start();
-  v1::CreateSessionRequest create;
-  create.set_config_json(R"({"model_type": "llama"})");
-  create.mutable_world()->set_world_size(2);
-  create.mutable_world()->set_communicator_id(std::string(kCommunicatorIdBytes, '\x04'));
+  const v1::CreateSessionRequest create = WorldRequest(2, 0);
   v1::SessionInfo info;
   {
     grpc::ClientContext ctx;
