@@ -92,6 +92,20 @@ TEST(CpuMemoryLimit, TooBigBatchIsResourceExhaustedAndTheSessionKeepsTraining) {
   EXPECT_EQ(stats.step, 4);
 }
 
+// Under ASan freed blocks wait in its quarantine (up to 256 MiB) before they are reused, so the resident
+// size grows with any allocation churn (52 MiB over these failures in one CI run, under 32 in others);
+// there the exact count of bytes in use is the check.
+#if defined(__SANITIZE_ADDRESS__)
+#define TIGON_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TIGON_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TIGON_TEST_UNDER_ASAN
+#define TIGON_TEST_UNDER_ASAN 0
+#endif
+
 TEST(CpuMemoryLimit, RepeatedOutOfMemoryFailuresDoNotGrowMemory) {
   if (!ListDevices().empty()) GTEST_SKIP() << kOnCpuOnly;
   LimitGuard guard;
@@ -125,8 +139,10 @@ TEST(CpuMemoryLimit, RepeatedOutOfMemoryFailuresDoNotGrowMemory) {
   // Every byte a failed step allocated was given back.
   EXPECT_EQ(GetCpuMemoryUsage().in_use_bytes, in_use_after_warmup);
   const int64_t growth = ResidentBytes() - resident_after_warmup;
+#if !TIGON_TEST_UNDER_ASAN
   EXPECT_LT(growth, 32 << 20) << "resident memory grew by " << growth << " bytes over " << kRepeats - kWarmup
                               << " failed steps";
+#endif
   std::printf("cpu oom x%d: in use %lld bytes, resident growth after warm-up %lld bytes\n", kRepeats,
               static_cast<long long>(GetCpuMemoryUsage().in_use_bytes), static_cast<long long>(growth));
 }
