@@ -21,7 +21,7 @@ namespace tigon::engine {
 namespace {
 
 // Runs right after AccumulateGrad stored a parameter's gradient as its .grad: with the update already
-// queued, the .grad is dropped at once (the Llama-3-8B lm_head's is 1 GiB), not when the next gradient arrives.
+// queued, the .grad is dropped at once, so no gradient outlives its update (the Llama-3-8B lm_head's is 1 GiB).
 class DropStoredGradient final : public torch::autograd::FunctionPostHook {
  public:
   DropStoredGradient(const bool* armed, torch::Tensor parameter) : armed_(armed), parameter_(std::move(parameter)) {}
@@ -65,40 +65,34 @@ void OptimizerInBackward::Arm(const AdamWOptions& options, bool fused) {
 
 void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
-  // DropStoredGradient frees each .grad as soon as AccumulateGrad stores it; this is the fallback for a
-  // LibTorch that stores it after its post hooks ran.
-  ReleaseHeld();
   const torch::Tensor flat_grad = grad.contiguous().view({-1});
 #ifdef TIGON_WITH_CUDA
-  if (use_update_stream_ && grad.is_cuda()) {
-    // The update is memory-bound and the backward matmuls are compute-bound: run the update on its own
-    // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter
-    // it writes is not read again by this backward (see the hook above).
+  // The update is memory-bound and the backward matmuls are compute-bound: run the update on its own
+  // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter it
+  // writes is not read again by this backward (see the hook above).
+  const bool on_update_stream = use_update_stream_ && grad.is_cuda();
+  std::optional<c10::cuda::CUDAStreamGuard> update_stream_guard;
+  if (on_update_stream) {
     const auto index = grad.device().index();
-    const auto producer = c10::cuda::getCurrentCUDAStream(index);
     if (!update_stream_) update_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
     at::cuda::CUDAEvent gradient_ready;
-    gradient_ready.record(producer);
+    gradient_ready.record(c10::cuda::getCurrentCUDAStream(index));
     gradient_ready.block(*update_stream_);
-    {
-      c10::cuda::CUDAStreamGuard on_update_stream(*update_stream_);
-      squared_norm_.add_(ops::squared_norm(flat_grad));
-      flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
-    }
-    // The allocator must not hand these gradients' memory to the backward before the update has read them.
-    grad.record_stream(*update_stream_);
-    flat_grad.record_stream(*update_stream_);
-    update_pending_ = true;
-    done_[slot] = true;
-    held_.push_back(slot);
-    ++updated_;
-    return;
+    update_stream_guard.emplace(*update_stream_);
   }
 #endif
   squared_norm_.add_(ops::squared_norm(flat_grad));
   flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
+#ifdef TIGON_WITH_CUDA
+  if (on_update_stream) {
+    update_stream_guard.reset();
+    // The allocator must not hand these gradients' memory to the backward before the update has read them.
+    grad.record_stream(*update_stream_);
+    flat_grad.record_stream(*update_stream_);
+    update_pending_ = true;
+  }
+#endif
   done_[slot] = true;
-  held_.push_back(slot);
   ++updated_;
 }
 
@@ -114,16 +108,9 @@ void OptimizerInBackward::JoinUpdateStream() {
 #endif
 }
 
-void OptimizerInBackward::ReleaseHeld() {
-  auto& views = flat_->views();
-  for (size_t k : held_) views[k].mutable_grad().reset();
-  held_.clear();
-}
-
 OptimizerInBackward::Result OptimizerInBackward::Disarm(bool complete) {
   armed_ = false;
   JoinUpdateStream();
-  ReleaseHeld();
   Result result;
   result.updated = updated_;
   if (complete) {

@@ -36,14 +36,13 @@ class OptimizerInBackward {
     int64_t updated = 0;        // parameters updated during the backward
     double squared_norm = 0.0;  // sum of squared unscaled gradients of those parameters
   };
-  // Ends the step: parameters the backward did not reach get the update of a zero gradient (as the
-  // ordinary path gives them), held gradients are released. With `complete` false (the backward failed)
-  // only the release happens.
+  // Ends the step: the compute stream waits for the updates queued on the update stream, and parameters
+  // the backward did not reach get the update of a zero gradient (as the ordinary path gives them). With
+  // `complete` false (the backward failed) only the wait happens.
   Result Disarm(bool complete);
 
  private:
   void OnGradient(size_t slot, const torch::Tensor& grad);
-  void ReleaseHeld();
   void JoinUpdateStream();  // the current stream waits for every update queued on the update stream
 
   FlatParameters* flat_;
@@ -52,7 +51,6 @@ class OptimizerInBackward {
   AdamWOptions options_;
   std::vector<bool> done_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // each parameter's AccumulateGrad
-  std::vector<size_t> held_;  // parameters whose .grad still holds the gradient autograd stored there
   int64_t updated_ = 0;
   torch::Tensor squared_norm_;  // fp64 accumulator on the device
   bool use_update_stream_ = false;
