@@ -80,15 +80,6 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
   }
 };
 
-torch::Tensor GluLinearOp(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
-                          const c10::optional<torch::Tensor>& bias, bool gelu) {
-  return glu_linear(a, b, weight, bias.has_value() ? *bias : torch::Tensor(), gelu);
-}
-
-}  // namespace
-
-namespace {
-
 torch::Tensor GluLinear(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
                         const torch::Tensor& bias, bool gelu, bool consume_b) {
   TORCH_CHECK(a.sizes() == b.sizes(), "glu_linear: a and b must have the same shape, got ", a.sizes(), " and ",
@@ -97,6 +88,11 @@ torch::Tensor GluLinear(const torch::Tensor& a, const torch::Tensor& b, const to
               a.size(-1), "], got ", weight.sizes());
   auto y = GluLinearFunction::apply(a, b, weight, gelu, consume_b);
   return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor GluLinearOp(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                          const c10::optional<torch::Tensor>& bias, bool gelu) {
+  return GluLinear(a, b, weight, bias.has_value() ? *bias : torch::Tensor(), gelu, /*consume_b=*/false);
 }
 
 }  // namespace
