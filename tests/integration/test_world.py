@@ -8,7 +8,7 @@ import pytest
 
 import tigon
 from conftest import TINY_LLAMA
-from tigon.world import _row_shares, _rows
+from tigon.world import _as_rows, _row_shares
 
 
 def test_new_communicator_id_without_nccl_is_failed_precondition(shared_server):
@@ -48,9 +48,9 @@ def test_rows_are_shared_in_order_as_evenly_as_possible(rows, ranks):
     assert max(c for _, c in shares) - min(c for _, c in shares) <= 1
     assert min(c for _, c in shares) >= 1
     batch = np.arange(rows * 3).reshape(rows, 3)
-    pieces = [_rows(batch, first, count) for first, count in shares]
+    pieces = [_as_rows(batch, "input_ids")[first:first + count] for first, count in shares]
     np.testing.assert_array_equal(np.concatenate(pieces), batch)
-    as_lists = [_rows(batch.tolist(), first, count) for first, count in shares]
+    as_lists = [_as_rows(batch.tolist(), "input_ids")[first:first + count] for first, count in shares]
     assert sum(as_lists, []) == batch.tolist()
 
 
@@ -140,6 +140,8 @@ def test_ids_outside_the_vocabulary_are_refused_before_any_rank_is_called():
         world.train_step(bad)
     with pytest.raises(tigon.InvalidArgument, match="labels holds -1"):
         world.train_step(batch, labels=[[0, 1], [2, 3], [4, 5], [6, -1]])
+    with pytest.raises(tigon.InvalidArgument, match="labels has 1 rows, input_ids 4"):
+        world.train_step(batch, labels=[0, 1])  # a server given rows 2-3 and no labels would refuse alone
     assert calls == []
     world.train_step(batch.tolist(), labels=[[0, 1], [2, 3], [4, 5], [6, -100]])  # -100: ignored
     assert len(calls) == 2

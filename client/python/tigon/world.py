@@ -12,6 +12,7 @@ result. The ranks' weights stay identical; save and load act on every rank.
 """
 import threading
 
+from ._batch import _rows_from_lists
 from .errors import InvalidArgument, TigonError
 
 try:
@@ -31,14 +32,12 @@ def _row_shares(rows, ranks):
     return shares
 
 
-def _rows(values, first, count):
-    if values is None:
-        return None
+def _as_rows(values, name):
+    """values as rows: a 2-D numpy array as it is, a 1-D one or a flat list as one row, a list of rows
+    as lists (ragged or empty ones refused, as Session's calls refuse them)."""
     if np is not None and isinstance(values, np.ndarray):
-        return values[first:first + count] if values.ndim == 2 else values
-    if len(values) > 0 and not isinstance(values[0], (list, tuple)):
-        return values  # one row: only a batch of one row, refused before this
-    return values[first:first + count]
+        return values.reshape(1, -1) if values.ndim == 1 else values
+    return _rows_from_lists(values, name)[0]
 
 
 def _gather(futures, stop_at_first_error=False):
@@ -64,32 +63,21 @@ def _gather(futures, stop_at_first_error=False):
     return results, errors[0][1] if errors else None
 
 
-def _check_ids(values, vocab_size, name, allow_ignored):
+def _check_ids(rows, vocab_size, name, allow_ignored):
     """Ids outside [0, vocab_size) (labels may also be -100) are refused here: a server that refused its
     rows alone would leave the other ranks waiting for the collective timeout."""
-    if values is None:
-        return
     if np is not None:
-        array = np.asarray(values)
+        array = np.asarray(rows)
         bad = (array < 0) | (array >= vocab_size)
         if allow_ignored:
             bad &= array != -100
         if bad.any():
             raise InvalidArgument(f"{name} holds {array[bad].flat[0]}, outside the vocabulary [0, {vocab_size})")
         return
-    rows = values if len(values) > 0 and isinstance(values[0], (list, tuple)) else [values]
     for row in rows:
         for value in row:
             if not (0 <= value < vocab_size or (allow_ignored and value == -100)):
                 raise InvalidArgument(f"{name} holds {value}, outside the vocabulary [0, {vocab_size})")
-
-
-def _row_count(values):
-    if np is not None and isinstance(values, np.ndarray):
-        return 1 if values.ndim == 1 else values.shape[0]
-    if len(values) > 0 and not isinstance(values[0], (list, tuple)):
-        return 1
-    return len(values)
 
 
 class WorldSession:
@@ -129,17 +117,25 @@ class WorldSession:
         return len(self.sessions)
 
     def _on_every_rank(self, method, input_ids, labels, loss_weights, **kwargs):
-        rows = _row_count(input_ids)
+        # Everything a server would refuse for one rank's rows alone is refused here, before any call.
+        given = {name: _as_rows(values, name) for name, values in
+                 (("input_ids", input_ids), ("labels", labels), ("loss_weights", loss_weights)) if values is not None}
+        rows = len(given["input_ids"])
         if rows < self.world_size:
             raise InvalidArgument(f"a batch of {rows} rows cannot be shared by {self.world_size} ranks: "
                                   "each needs at least one row")
+        for name, values in given.items():
+            if len(values) != rows:
+                raise InvalidArgument(f"{name} has {len(values)} rows, input_ids {rows}")
         vocab_size = self.sessions[0].vocab_size
-        _check_ids(input_ids, vocab_size, "input_ids", allow_ignored=False)
-        _check_ids(labels, vocab_size, "labels", allow_ignored=True)
+        _check_ids(given["input_ids"], vocab_size, "input_ids", allow_ignored=False)
+        if "labels" in given:
+            _check_ids(given["labels"], vocab_size, "labels", allow_ignored=True)
         futures = []
         for session, (first, count) in zip(self.sessions, _row_shares(rows, self.world_size)):
-            futures.append(getattr(session, method)(_rows(input_ids, first, count), _rows(labels, first, count),
-                                                    _rows(loss_weights, first, count), **kwargs))
+            share = {name: values[first:first + count] for name, values in given.items()}
+            futures.append(getattr(session, method)(share["input_ids"], share.get("labels"), share.get("loss_weights"),
+                                                    **kwargs))
         return self._results(futures)
 
     @staticmethod
@@ -165,7 +161,7 @@ class WorldSession:
         return self._results([session.save_async(path, timeout=timeout) for session in self.sessions])
 
     def load(self, path, *, timeout=None):
-        """Every rank loads `path` (a folder all servers can read)."""
+        """Every rank loads `path` under its own server's --checkpoint-root, as save wrote it."""
         return self._results([session.load_async(path, timeout=timeout) for session in self.sessions])
 
     def info(self, *, timeout=None):
