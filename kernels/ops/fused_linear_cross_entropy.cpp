@@ -228,22 +228,6 @@ torch::Tensor FusedLinearCrossEntropyOp(const torch::Tensor& hidden, const torch
                                             token_weights.has_value() ? *token_weights : torch::Tensor(), chunk_size);
 }
 
-}  // namespace
-
-int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hidden, int64_t element_size) {
-  (void)hidden;
-  if (n <= 1) return 1;
-  const int64_t row_bytes = std::max<int64_t>(vocab * element_size, 1);
-  const int64_t max_rows = std::max<int64_t>(kChunkBytesBudget / row_bytes, 1);
-  const int64_t n_chunks = (n + max_rows - 1) / max_rows;
-  int64_t chunk = (n + n_chunks - 1) / n_chunks;
-  const int64_t rounded = (chunk + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
-  if (rounded <= max_rows) chunk = rounded;
-  return std::min(chunk, n);
-}
-
-namespace {
-
 torch::Tensor FusedLinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                       const torch::Tensor& bias, const torch::Tensor& target,
                                       const CrossEntropyOptions& options, const torch::Tensor& token_weights,
@@ -265,6 +249,18 @@ torch::Tensor FusedLinearCrossEntropy(const torch::Tensor& hidden, const torch::
 }
 
 }  // namespace
+
+int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hidden, int64_t element_size) {
+  (void)hidden;
+  if (n <= 1) return 1;
+  const int64_t row_bytes = std::max<int64_t>(vocab * element_size, 1);
+  const int64_t max_rows = std::max<int64_t>(kChunkBytesBudget / row_bytes, 1);
+  const int64_t n_chunks = (n + max_rows - 1) / max_rows;
+  int64_t chunk = (n + n_chunks - 1) / n_chunks;
+  const int64_t rounded = (chunk + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
+  if (rounded <= max_rows) chunk = rounded;
+  return std::min(chunk, n);
+}
 
 torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                  const torch::Tensor& bias, const torch::Tensor& target,
