@@ -103,26 +103,31 @@ double FlatParameters::GradNorm(double scale) const {
 }
 
 void FlatParameters::AdamWRange(const torch::Tensor& params, int64_t start, int64_t n, const torch::Tensor& grad,
-                                const AdamWOptions& options, bool fused) {
-  if (n == 0) return;
+                                const AdamWOptions& options, bool fused, const torch::Tensor& grad_square_partials) {
+  TORCH_CHECK(fused || !grad_square_partials.defined(), "AdamWRange: only the fused AdamW sums the squares");
+  if (n == 0) {
+    if (grad_square_partials.defined()) grad_square_partials.zero_();
+    return;
+  }
   auto m = exp_avg_.narrow(0, start, n);
   auto v = exp_avg_sq_.narrow(0, start, n);
   auto param = params.narrow(0, start, n);
   if (master_.defined()) {
     auto master = master_.narrow(0, start, n);
     if (fused) {
-      ops::adamw_step(master, grad, m, v, options, param);
+      ops::adamw_step(master, grad, m, v, options, param, grad_square_partials);
     } else {
       reference::adamw_step(master, grad, m, v, options, param);
     }
   } else if (fused) {
-    ops::adamw_step(param, grad, m, v, options);
+    ops::adamw_step(param, grad, m, v, options, {}, grad_square_partials);
   } else {
     reference::adamw_step(param, grad, m, v, options);
   }
 }
 
-void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOptions options, bool fused) {
+void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOptions options, bool fused,
+                                   const torch::Tensor& grad_square_partials) {
   torch::NoGradGuard no_grad;
   const auto& slot = slots_.at(k);
   if (slot.offset >= decay_numel_) options.weight_decay = 0.0;
@@ -130,7 +135,7 @@ void FlatParameters::AdamWStepSlot(size_t k, const torch::Tensor& grad, AdamWOpt
   // shares its counter, so an ATen write (the reference AdamW) would look to autograd like a change to
   // all the parameters that later backward nodes saved, though only this one, which none of them reads
   // any more, changes (optimizer_in_backward.h).
-  AdamWRange(params_.variable_data(), slot.offset, slot.numel, grad, options, fused);
+  AdamWRange(params_.variable_data(), slot.offset, slot.numel, grad, options, fused, grad_square_partials);
 }
 
 void FlatParameters::AdamWStep(const AdamWOptions& options, bool fused) {

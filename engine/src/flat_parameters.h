@@ -56,8 +56,11 @@ class FlatParameters {
   // Leaves every parameter without .grad (the buffer, if any, is kept): backward then hands each
   // gradient to autograd's own storage (optimizer_in_backward.h).
   void DetachGrads();
-  // AdamW on one parameter with the given flat gradient (weight decay only if its slot is decayed).
-  void AdamWStepSlot(size_t slot, const torch::Tensor& grad, AdamWOptions options, bool fused);
+  // AdamW on one parameter with the given flat gradient (weight decay only if its slot is decayed). With
+  // the fused kernel, `grad_square_partials` (optional; see ops::adamw_step) receives the gradient's
+  // squares from the same pass.
+  void AdamWStepSlot(size_t slot, const torch::Tensor& grad, AdamWOptions options, bool fused,
+                     const torch::Tensor& grad_square_partials = {});
 
   void ZeroGrads();
   // L2 norm of grads() * scale, accumulated in fp64 in one read of the buffer (ops::squared_norm).
@@ -72,7 +75,7 @@ class FlatParameters {
  private:
   // AdamW over elements [start, start + n) of `params` (params_ or an alias of it) with `grad`.
   void AdamWRange(const torch::Tensor& params, int64_t start, int64_t n, const torch::Tensor& grad,
-                  const AdamWOptions& options, bool fused);
+                  const AdamWOptions& options, bool fused, const torch::Tensor& grad_square_partials = {});
 
   Precision precision_;
   torch::Tensor params_, grads_, master_, exp_avg_, exp_avg_sq_;

@@ -59,7 +59,14 @@ void OptimizerInBackward::Arm(const AdamWOptions& options, bool fused) {
   fused_ = fused;
   updated_ = 0;
   std::fill(done_.begin(), done_.end(), false);
-  squared_norm_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(flat_->params().device()));
+  const auto doubles = torch::TensorOptions().dtype(torch::kDouble).device(flat_->params().device());
+  if (fused_) {
+    // Each slot's row is rewritten by its update (or by Disarm's zero-gradient one) before it is summed.
+    if (!grad_square_partials_.defined())
+      grad_square_partials_ = torch::empty({static_cast<int64_t>(done_.size()), ops::kAdamWGradSquarePartials}, doubles);
+  } else {
+    squared_norm_ = torch::zeros({}, doubles);
+  }
   armed_ = true;
 }
 
@@ -81,8 +88,13 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
     update_stream_guard.emplace(*update_stream_);
   }
 #endif
-  squared_norm_.add_(ops::squared_norm(flat_grad));
-  flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
+  if (fused_) {
+    // The fused AdamW sums the gradient's squares in the pass that updates the parameter.
+    flat_->AdamWStepSlot(slot, flat_grad, options_, fused_, grad_square_partials_[static_cast<int64_t>(slot)]);
+  } else {
+    squared_norm_.add_(ops::squared_norm(flat_grad));
+    flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
+  }
 #ifdef TIGON_WITH_CUDA
   if (on_update_stream) {
     update_stream_guard.reset();
@@ -118,9 +130,14 @@ OptimizerInBackward::Result OptimizerInBackward::Disarm(bool complete) {
     for (size_t k = 0; k < done_.size(); ++k) {
       if (done_[k]) continue;
       const auto& slot = flat_->slots()[k];
-      flat_->AdamWStepSlot(k, torch::zeros({slot.numel}, flat_->params().options()), options_, fused_);
+      const auto zeros = torch::zeros({slot.numel}, flat_->params().options());
+      if (fused_) {
+        flat_->AdamWStepSlot(k, zeros, options_, fused_, grad_square_partials_[static_cast<int64_t>(k)]);
+      } else {
+        flat_->AdamWStepSlot(k, zeros, options_, fused_);
+      }
     }
-    result.squared_norm = squared_norm_.item<double>();
+    result.squared_norm = fused_ ? grad_square_partials_.sum().item<double>() : squared_norm_.item<double>();
   }
   squared_norm_ = torch::Tensor();
   return result;

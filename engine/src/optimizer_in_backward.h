@@ -52,7 +52,9 @@ class OptimizerInBackward {
   std::vector<bool> done_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // each parameter's AccumulateGrad
   int64_t updated_ = 0;
-  torch::Tensor squared_norm_;  // fp64 accumulator on the device
+  torch::Tensor squared_norm_;  // fp64 accumulator on the device (reference AdamW)
+  // Fused AdamW: one row of fp64 partial sums of squared gradients per slot, written by the update itself.
+  torch::Tensor grad_square_partials_;
   bool use_update_stream_ = false;
   bool update_pending_ = false;
 #ifdef TIGON_WITH_CUDA

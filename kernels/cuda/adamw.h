@@ -8,7 +8,7 @@
 //   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // then p, m, v are stored back in their dtypes and, when param_copy is set, p is also stored there in
 // param_copy's dtype (the bf16 model weights of fp32 master weights). Nothing is saved; one read and one
-// write of each buffer (grad read only).
+// write of each buffer (grad read only). Optionally the same pass sums the gradient's squares (below).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,15 @@ struct AdamWParams {
   float bias_correction2_sqrt = 1.f;  // sqrt(1 - beta2^t)
   float eps = 1e-8f;
   float grad_scale = 1.f;
+  // Optional, kAdamWGradSquarePartials doubles: receives sum(grad^2) of the raw (unscaled) gradient split
+  // into per-block partials in fp64, every entry written (zeros past the last block), so the sum of the
+  // entries in any fixed order is the gradient's squared norm. With the optimizer in backward this
+  // replaces a second read of every gradient.
+  double* grad_square_partials = nullptr;
 };
+
+// Entries of AdamWParams::grad_square_partials: at least the blocks the kernel is launched with.
+constexpr int64_t kAdamWGradSquarePartials = 2048;
 
 LaunchStatus adamw_step(const AdamWParams& params, void* stream);
 

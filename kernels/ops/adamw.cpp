@@ -17,6 +17,9 @@
 #ifdef TIGON_CUDA_KERNELS
 #include "kernels/cuda/adamw.h"
 #include "kernels/ops/cuda_glue.h"
+
+static_assert(tigon::ops::kAdamWGradSquarePartials == tigon::cuda::kAdamWGradSquarePartials,
+              "the op and the kernel agree on the partials' count");
 #endif
 
 namespace tigon::ops {
@@ -120,7 +123,8 @@ void AdamWCpuForParam(torch::Tensor& param, const torch::Tensor& grad, torch::Te
 }
 
 void CheckBuffers(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
-                  const torch::Tensor& exp_avg_sq, const torch::Tensor& param_copy) {
+                  const torch::Tensor& exp_avg_sq, const torch::Tensor& param_copy,
+                  const torch::Tensor& grad_square_partials) {
   const int64_t n = param.numel();
   for (const torch::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
     TORCH_CHECK(t->numel() == n, "adamw_step: param, grad, exp_avg and exp_avg_sq must have the same length");
@@ -143,11 +147,19 @@ void CheckBuffers(const torch::Tensor& param, const torch::Tensor& grad, const t
     TORCH_CHECK(param_copy.numel() == n && param_copy.is_contiguous() && param_copy.device() == param.device(),
                 "adamw_step: param_copy must be a contiguous buffer of param's length on its device");
   }
+  if (grad_square_partials.defined()) {
+    TORCH_CHECK(grad_square_partials.scalar_type() == torch::kDouble &&
+                    grad_square_partials.numel() == kAdamWGradSquarePartials && grad_square_partials.is_contiguous() &&
+                    grad_square_partials.device() == param.device(),
+                "adamw_step: grad_square_partials must be a contiguous float64 buffer of ", kAdamWGradSquarePartials,
+                " values on param's device");
+  }
 }
 
 void AdamWStepOp(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
                  const torch::Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
-                 double weight_decay, int64_t step, double grad_scale, const c10::optional<torch::Tensor>& param_copy) {
+                 double weight_decay, int64_t step, double grad_scale, const c10::optional<torch::Tensor>& param_copy,
+                 const c10::optional<torch::Tensor>& grad_square_partials) {
   AdamWOptions options;
   options.lr = lr;
   options.beta1 = beta1;
@@ -157,17 +169,21 @@ void AdamWStepOp(const torch::Tensor& param, const torch::Tensor& grad, const to
   options.step = step;
   options.grad_scale = grad_scale;
   torch::Tensor p = param, m = exp_avg, v = exp_avg_sq;
-  adamw_step(p, grad, m, v, options, param_copy.has_value() ? *param_copy : torch::Tensor());
+  adamw_step(p, grad, m, v, options, param_copy.has_value() ? *param_copy : torch::Tensor(),
+             grad_square_partials.has_value() ? *grad_square_partials : torch::Tensor());
 }
 
 }  // namespace
 
 void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
-                const AdamWOptions& options, torch::Tensor param_copy) {
-  CheckBuffers(param, grad, exp_avg, exp_avg_sq, param_copy);
+                const AdamWOptions& options, torch::Tensor param_copy, torch::Tensor grad_square_partials) {
+  CheckBuffers(param, grad, exp_avg, exp_avg_sq, param_copy, grad_square_partials);
   TORCH_CHECK(options.step >= 1, "adamw_step: step is 1-based, got ", options.step);
   torch::NoGradGuard no_grad;
-  if (param.numel() == 0) return;
+  if (param.numel() == 0) {
+    if (grad_square_partials.defined()) grad_square_partials.zero_();
+    return;
+  }
 #ifdef TIGON_CUDA_KERNELS
   if (param.is_cuda()) {
     c10::DeviceGuard guard(param.device());
@@ -193,6 +209,7 @@ void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
     a.bias_correction2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
     a.eps = static_cast<float>(s.eps);
     a.grad_scale = static_cast<float>(s.grad_scale);
+    if (grad_square_partials.defined()) a.grad_square_partials = grad_square_partials.data_ptr<double>();
     CheckLaunch(cuda::adamw_step(a, CurrentCudaStream(param.device())), "adamw_step");
     return;
   }
@@ -206,6 +223,11 @@ void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
     }
     AdamWCpuForParam<P>(param, grad, exp_avg, exp_avg_sq, options, param_copy);
   });
+  if (grad_square_partials.defined()) {
+    // The CPU path reads the gradient a second time: what matters here is the same sum, not the traffic.
+    grad_square_partials.zero_();
+    grad_square_partials.narrow(0, 0, 1).copy_(squared_norm(grad).reshape({1}));
+  }
 }
 
 }  // namespace tigon::ops
@@ -214,7 +236,7 @@ TORCH_LIBRARY_FRAGMENT(tigon, m) {
   m.def(
       "adamw_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
       "float beta1=0.9, float beta2=0.999, float eps=1e-08, float weight_decay=0.0, int step=1, "
-      "float grad_scale=1.0, Tensor(d!)? param_copy=None) -> ()");
+      "float grad_scale=1.0, Tensor(d!)? param_copy=None, Tensor(e!)? grad_square_partials=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tigon, CompositeImplicitAutograd, m) { m.impl("adamw_step", &tigon::ops::AdamWStepOp); }

@@ -75,9 +75,13 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
 // One AdamW update, in place, over flat buffers of equal length (no autograd).
 // param: fp32/bf16/fp16; grad: same dtype as param or fp32; exp_avg/exp_avg_sq: fp32 or param's dtype.
 // param_copy (optional, e.g. the bf16 model weights when param is an fp32 master copy) receives the
-// updated values cast to its dtype.
+// updated values cast to its dtype. grad_square_partials (optional, kAdamWGradSquarePartials float64
+// values on param's device) receives the raw gradient's sum of squares in fp64, split into partials that
+// sum to it (every entry written; deterministic): the gradient norm without a second read of the gradient.
+constexpr int64_t kAdamWGradSquarePartials = 2048;
 void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
-                torch::Tensor& exp_avg_sq, const AdamWOptions& options, torch::Tensor param_copy = {});
+                torch::Tensor& exp_avg_sq, const AdamWOptions& options, torch::Tensor param_copy = {},
+                torch::Tensor grad_square_partials = {});
 
 // sum(x^2) over every element, accumulated in fp64: a 0-dim float64 tensor on x's device (no autograd).
 // Deterministic for a given length. The global gradient norm is sqrt(squared_norm(grads)).

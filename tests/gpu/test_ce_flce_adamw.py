@@ -439,6 +439,29 @@ def test_adamw_grad_scale_and_all_dtype_combinations():
                              f"exp_avg {p_dt} grad {g_dt} state {s_dt}")
 
 
+@pytest.mark.parametrize("n,offset", [(1, 0), (4097, 1), (3_000_017, 0), (64 * 2**20 + 3, 0)])
+@pytest.mark.parametrize("g_dt", [torch.bfloat16, torch.float32])
+def test_adamw_grad_square_partials_match_float64(n, offset, g_dt):
+    """The squares summed in the update's own pass (the optimizer in backward's gradient norm): the partials
+    sum to sum(grad^2) in float64 (exact squares, fp64 sums: 1e-12 relative), every entry is written even
+    where the buffer held NaN, the update equals the one without partials bit for bit, and a second run
+    gives the same partials (deterministic)."""
+    param, m, v = adamw_buffers(n, torch.bfloat16, torch.bfloat16, 24, offset)
+    p2, m2, v2 = param.clone(), m.clone(), v.clone()
+    grad = (torch.randn(n + offset, device=DEV) * 0.3).to(g_dt)[offset:]
+    partials = torch.full((2048,), float("nan"), device=DEV, dtype=torch.float64)
+    tigon.adamw_step(param, grad, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.25, None, partials)
+    tigon.adamw_step(p2, grad, m2, v2, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.25, None)
+    torch.cuda.synchronize()
+    assert torch.isfinite(partials).all(), "entries past the last block were not written"
+    expected = grad.double().pow(2).sum().item()
+    assert abs(partials.sum().item() - expected) <= 1e-12 * expected
+    assert torch.equal(param, p2) and torch.equal(m, m2) and torch.equal(v, v2)
+    again = torch.full((2048,), float("nan"), device=DEV, dtype=torch.float64)
+    tigon.adamw_step(p2, grad, m2, v2, 1e-3, 0.9, 0.95, 1e-8, 0.1, 4, 0.25, None, again)
+    assert torch.equal(partials, again)
+
+
 def test_adamw_beyond_2_pow_31_elements():
     """2^31 + 17 bf16 elements (17 GB over four buffers): flat indices overflow int32 past element 2^31.
     Step 1 from zero state moves every parameter by lr * sign(g) (|g| >> eps), checked on slices at the start,

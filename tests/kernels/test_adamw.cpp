@@ -172,20 +172,51 @@ TEST(AdamWCpu, RejectsBadBuffers) {
   EXPECT_THROW(ops::adamw_step(p, torch::zeros({10}), m, v, Options(0)), c10::Error);
 }
 
+// The optional squared-gradient partials: they sum to the raw gradient's squared norm (grad_scale not
+// applied), every entry is written whatever the buffer held, and the update is the same as without them.
+TEST(AdamWCpu, GradSquarePartialsSumToTheGradientsSquaredNorm) {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    AdamWBuffers with = MakeAdamWBuffers(5003, dtype, torch::kFloat, 9);
+    AdamWBuffers without = Clone(with);
+    const torch::Tensor grad = (torch::randn({5003}, torch::kDouble) * 0.3).to(dtype);
+    torch::Tensor partials = torch::full({ops::kAdamWGradSquarePartials}, std::nan(""), torch::kDouble);
+    ops::adamw_step(with.param, grad, with.exp_avg, with.exp_avg_sq, Options(1), {}, partials);
+    ops::adamw_step(without.param, grad, without.exp_avg, without.exp_avg_sq, Options(1));
+    EXPECT_TRUE(torch::equal(with.param, without.param));
+    EXPECT_TRUE(torch::equal(with.exp_avg_sq, without.exp_avg_sq));
+    ASSERT_TRUE(torch::isfinite(partials).all().item<bool>()) << "an entry was left as it was";
+    const double expected = grad.to(torch::kDouble).pow(2).sum().item<double>();
+    EXPECT_NEAR(partials.sum().item<double>(), expected, 1e-12 * expected);
+  }
+  // An empty parameter still writes its (zero) partials.
+  torch::Tensor empty = torch::zeros({0}), partials = torch::ones({ops::kAdamWGradSquarePartials}, torch::kDouble);
+  torch::Tensor m = torch::zeros({0}), v = torch::zeros({0});
+  ops::adamw_step(empty, torch::zeros({0}), m, v, Options(1), {}, partials);
+  EXPECT_EQ(partials.abs().sum().item<double>(), 0.0);
+  // Wrong length or dtype: refused.
+  torch::Tensor p = torch::zeros({10}), m10 = torch::zeros({10}), v10 = torch::zeros({10});
+  EXPECT_THROW(ops::adamw_step(p, torch::zeros({10}), m10, v10, Options(1), {}, torch::zeros({16}, torch::kDouble)),
+               c10::Error);
+  EXPECT_THROW(ops::adamw_step(p, torch::zeros({10}), m10, v10, Options(1), {},
+                               torch::zeros({ops::kAdamWGradSquarePartials}, torch::kFloat)),
+               c10::Error);
+}
+
 // torch.ops.tigon.adamw_step as Python sees it: in place on its mutable arguments.
 TEST(AdamWCpu, RegisteredTorchOp) {
   auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("tigon::adamw_step", "")
           .typed<void(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double,
-                      double, double, double, double, int64_t, double, const c10::optional<torch::Tensor>&)>();
+                      double, double, double, double, int64_t, double, const c10::optional<torch::Tensor>&,
+                      const c10::optional<torch::Tensor>&)>();
   AdamWBuffers fused = MakeAdamWBuffers(100, torch::kFloat, torch::kFloat, 8);
   fused.param_copy = torch::zeros({100}, torch::kHalf);
   AdamWBuffers ref = Clone(fused);
   const torch::Tensor grad = torch::randn({100});
   const AdamWOptions o = Options(1);
   op.call(fused.param, grad, fused.exp_avg, fused.exp_avg_sq, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.step,
-          o.grad_scale, fused.param_copy);
+          o.grad_scale, fused.param_copy, c10::nullopt);
   reference::adamw_step(ref.param, grad, ref.exp_avg, ref.exp_avg_sq, o, ref.param_copy);
   ExpectMatchesReference(fused.param, ref.param, "param");
   ExpectMatchesReference(fused.param_copy, ref.param_copy, "param_copy");
