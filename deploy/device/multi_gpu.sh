@@ -46,11 +46,11 @@ nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,tem
   --format=csv,noheader,nounits -lms 250 > "$LOGS/gpus_during_bench.csv" 2>/dev/null &
 SAMPLER=$!
 BENCH_ARGS=(--devices "$DEVICES" --config "$LOGS/llama3.2-1b.json" --precision bf16 --rows-per-device 8 --seq 2048
-            --steps 8 --warmup 2)
-TAIL_LINES=24 run_phase dp_scaling_threads timeout -k 10 200 $BIN bench "${BENCH_ARGS[@]}" \
+            --steps 20 --warmup 100)  # 100 warm-up steps: about 25 s, the clocks' steady state (see the tool)
+TAIL_LINES=24 run_phase dp_scaling_threads timeout -k 10 300 $BIN bench "${BENCH_ARGS[@]}" \
   --profile "$LOGS/profile" --json "$LOGS/dp_scaling_threads.json"
 nvidia-smi --query-gpu=$GPU_QUERY --format=csv > "$LOGS/gpus_after_threads.csv" 2>&1 || true
-TAIL_LINES=14 run_phase dp_scaling_processes timeout -k 10 150 $BIN bench "${BENCH_ARGS[@]}" --processes \
+TAIL_LINES=14 run_phase dp_scaling_processes timeout -k 10 240 $BIN bench "${BENCH_ARGS[@]}" --processes \
   --json "$LOGS/dp_scaling_processes.json"
 kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
 if [[ -f $LOGS/profile/data_parallel.json ]]; then
