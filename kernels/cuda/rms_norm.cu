@@ -2,8 +2,8 @@
 //
 // Forward: one block per row. Each thread keeps up to kMaxPacksPerThread 16-byte packs of the row in
 // registers, so x is read once; rows longer than the block can hold are re-read for the second pass.
-// Backward: a fixed number of blocks (kBackwardBlocksPerSm per SM), each striding over rows and keeping
-// x, dy and its dweight partial sums in registers (rows too long for that re-read x and dy, and accumulate
+// Backward: a fixed number of blocks (kBackwardBlocksPerSm per SM), each striding over groups of
+// kBackwardRows rows and keeping x, dy and its dweight partial sums in registers (rows too long for that re-read x and dy, and accumulate
 // in the block's partial row in memory); one partial row per block, then column_sum_kernel (no atomics).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rms_norm.h"
@@ -18,6 +18,7 @@ constexpr int kMaxThreads = 512;            // __launch_bounds__: leaves 128 reg
 // which keeps one forward + backward of 8192 x 4096 bf16 near TARGETS' 130 MiB; each block runs up to 512
 // threads with one pack each, so two blocks still keep 32 KiB of loads in flight per SM.
 constexpr int kBackwardBlocksPerSm = 2;
+constexpr int kBackwardRows = 2;  // rows in flight per block (registers: 2 x (x, dy) + dweight per pack)
 
 // y for one element: x_hat = h * rstd, w as stored.
 template <typename T, typename W>
@@ -89,10 +90,30 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_forward_kernel(const RMS
   }
 }
 
-template <typename T, typename W, typename O, int kVec>
+// Sums each of kRows values over the block, in a fixed order (deterministic); every thread gets the sums.
+// `scratch` is 32 * kRows floats of shared memory.
+template <int kRows>
+__device__ __forceinline__ void block_reduce_sums(float (&v)[kRows], float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) v[r] = warp_reduce_sum(v[r]);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) scratch[r * 32 + warp] = v[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) v[r] = warp_reduce_sum(lane < num_warps ? scratch[r * 32 + lane] : 0.f);
+}
+
+// kRows rows at a time per block: their loads are in flight together and they share one reduction, so
+// a block pays one memory round trip and one barrier pair per kRows rows (one row at a time left the
+// kernel latency-bound, at 3x its memory floor at hidden 2048).
+template <typename T, typename W, typename O, int kVec, int kRows>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RMSNormBackwardParams p) {
   constexpr int kPacks = kBackwardPacksPerThread;
-  __shared__ float scratch[32];
+  __shared__ float scratch[32 * kRows];
   const W* weight = static_cast<const W*>(p.weight);
   const int64_t num_packs = p.hidden / kVec;
   const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPacks;
@@ -112,65 +133,88 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RM
     __syncthreads();
   }
 
-  float h[kPacks][kVec], dy[kPacks][kVec];
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    const O* dy_row = static_cast<const O*>(p.dy) + row * p.dy_row_stride;
-    T* dx_row = static_cast<T*>(p.dx) + row * p.dx_row_stride;
-    const T* dres_row =
-        p.d_residual_out ? static_cast<const T*>(p.d_residual_out) + row * p.d_residual_out_row_stride : nullptr;
-    const float rstd = p.rstd[row];
+  float h[kRows][kPacks][kVec], dy[kRows][kPacks][kVec];
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRows; first < p.rows;
+       first += static_cast<int64_t>(gridDim.x) * kRows) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - first));
+    float rstd[kRows], dot[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      rstd[r] = r < rows ? p.rstd[first + r] : 0.f;
+      dot[r] = 0.f;
+    }
+    auto x_row = [&](int r) { return static_cast<const T*>(p.x) + (first + r) * p.x_row_stride; };
+    auto dy_row = [&](int r) { return static_cast<const O*>(p.dy) + (first + r) * p.dy_row_stride; };
 
-    // Pass 1: dot = sum(g * x_hat), g = dy * w_eff.
-    float dot = 0.f;
+    // Pass 1: dot = sum(g * x_hat), g = dy * w_eff, for every row of the group.
+    for (int64_t base = 0; base < num_packs; base += chunk) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int64_t pack = base + i * blockDim.x + threadIdx.x;
+        if (pack < num_packs) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            if (r < rows) {
+              load_floats<T, kVec>(x_row(r) + pack * kVec, h[r][i]);
+              load_floats<O, kVec>(dy_row(r) + pack * kVec, dy[r][i]);
+            }
+          }
+          float w[kVec];
+          load_floats<W, kVec>(weight + pack * kVec, w);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            if (r < rows) {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j)
+                dot[r] += dy[r][i][j] * effective_weight<W>(w[j], p.offset, p.casting) * h[r][i][j];
+            }
+          }
+        }
+      }
+    }
+    block_reduce_sums<kRows>(dot, scratch);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) dot[r] *= rstd[r] * inv_hidden;  // mean(g * x_hat)
+
+    // Pass 2: dx = rstd * (g - x_hat * dot) (+ d_residual_out); dweight += dy * x_hat, rows in order.
     for (int64_t base = 0; base < num_packs; base += chunk) {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
         const int64_t pack = base + i * blockDim.x + threadIdx.x;
         if (pack < num_packs) {
           float w[kVec];
-          load_floats<T, kVec>(x_row + pack * kVec, h[i]);
-          load_floats<O, kVec>(dy_row + pack * kVec, dy[i]);
           load_floats<W, kVec>(weight + pack * kVec, w);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) dot += dy[i][j] * effective_weight<W>(w[j], p.offset, p.casting) * h[i][j];
-        }
-      }
-    }
-    dot = block_reduce_sum(dot, scratch) * rstd * inv_hidden;  // mean(g * x_hat)
-
-    // Pass 2: dx = rstd * (g - x_hat * dot) (+ d_residual_out); dweight += dy * x_hat.
-    for (int64_t base = 0; base < num_packs; base += chunk) {
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        const int64_t pack = base + i * blockDim.x + threadIdx.x;
-        if (pack < num_packs) {
-          if (!fits) {
-            load_floats<T, kVec>(x_row + pack * kVec, h[i]);
-            load_floats<O, kVec>(dy_row + pack * kVec, dy[i]);
-          }
-          float w[kVec], dx[kVec], dres[kVec];
-          load_floats<W, kVec>(weight + pack * kVec, w);
-          if (dres_row) {
-            load_floats<T, kVec>(dres_row + pack * kVec, dres);
-          } else {
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) dres[j] = 0.f;
-          }
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float x_hat = h[i][j] * rstd;
-            const float g = dy[i][j] * effective_weight<W>(w[j], p.offset, p.casting);
-            dx[j] = rstd * (g - x_hat * dot) + dres[j];
-            // Llama's weight multiplies x_hat rounded to T; its gradient sees the same rounding.
-            const float x_hat_w = p.casting == RMSNormCasting::kLlama ? round_to<T>(x_hat) : x_hat;
-            if (fits) {
-              dw[i][j] += dy[i][j] * x_hat_w;
-            } else {
-              partial[pack * kVec + j] += dy[i][j] * x_hat_w;
+          for (int r = 0; r < kRows; ++r) {
+            if (r >= rows) continue;
+            if (!fits) {
+              load_floats<T, kVec>(x_row(r) + pack * kVec, h[r][i]);
+              load_floats<O, kVec>(dy_row(r) + pack * kVec, dy[r][i]);
             }
+            float dx[kVec], dres[kVec];
+            if (p.d_residual_out) {
+              load_floats<T, kVec>(static_cast<const T*>(p.d_residual_out) + (first + r) * p.d_residual_out_row_stride +
+                                       pack * kVec,
+                                   dres);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) dres[j] = 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const float x_hat = h[r][i][j] * rstd[r];
+              const float g = dy[r][i][j] * effective_weight<W>(w[j], p.offset, p.casting);
+              dx[j] = rstd[r] * (g - x_hat * dot[r]) + dres[j];
+              // Llama's weight multiplies x_hat rounded to T; its gradient sees the same rounding.
+              const float x_hat_w = p.casting == RMSNormCasting::kLlama ? round_to<T>(x_hat) : x_hat;
+              if (fits) {
+                dw[i][j] += dy[r][i][j] * x_hat_w;
+              } else {
+                partial[pack * kVec + j] += dy[r][i][j] * x_hat_w;
+              }
+            }
+            store_floats<T, kVec>(static_cast<T*>(p.dx) + (first + r) * p.dx_row_stride + pack * kVec, dx);
           }
-          store_floats<T, kVec>(dx_row + pack * kVec, dx);
         }
       }
     }
@@ -232,9 +276,10 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
   const dim3 grid(static_cast<unsigned>(num_partials));
   // One pack per thread (up to 512 threads): as many threads per row as possible, since few blocks run.
   if (vectorize) {
-    rms_norm_backward_kernel<T, W, O, kVec><<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
+    rms_norm_backward_kernel<T, W, O, kVec, kBackwardRows>
+        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
   } else {
-    rms_norm_backward_kernel<T, W, O, 1><<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
+    rms_norm_backward_kernel<T, W, O, 1, kBackwardRows><<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
