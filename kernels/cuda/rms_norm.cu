@@ -110,9 +110,8 @@ __device__ __forceinline__ void block_reduce_sums(float (&v)[kRows], float* scra
 // kRows rows at a time per block: their loads are in flight together and they share one reduction, so
 // a block pays one memory round trip and one barrier pair per kRows rows (one row at a time left the
 // kernel latency-bound, at 3x its memory floor at hidden 2048).
-template <typename T, typename W, typename O, int kVec, int kRows>
+template <typename T, typename W, typename O, int kVec, int kPacks, int kRows>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RMSNormBackwardParams p) {
-  constexpr int kPacks = kBackwardPacksPerThread;
   __shared__ float scratch[32 * kRows];
   const W* weight = static_cast<const W*>(p.weight);
   const int64_t num_packs = p.hidden / kVec;
@@ -275,11 +274,21 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
   const int64_t num_partials = rms_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
   // One pack per thread (up to 512 threads): as many threads per row as possible, since few blocks run.
+  // Rows of at most one pack per thread keep 4 rows in flight in the registers that 2 packs x 2 rows use.
   if (vectorize) {
-    rms_norm_backward_kernel<T, W, O, kVec, kBackwardRows>
-        <<<grid, threads_for(p.hidden / kVec, 1, kMaxThreads), 0, stream>>>(p);
+    const int threads = threads_for(p.hidden / kVec, 1, kMaxThreads);
+    if (p.hidden / kVec <= threads) {
+      rms_norm_backward_kernel<T, W, O, kVec, 1, 2 * kBackwardRows><<<grid, threads, 0, stream>>>(p);
+    } else {
+      rms_norm_backward_kernel<T, W, O, kVec, kBackwardPacksPerThread, kBackwardRows><<<grid, threads, 0, stream>>>(p);
+    }
   } else {
-    rms_norm_backward_kernel<T, W, O, 1, kBackwardRows><<<grid, threads_for(p.hidden, 1, kMaxThreads), 0, stream>>>(p);
+    const int threads = threads_for(p.hidden, 1, kMaxThreads);
+    if (p.hidden <= threads) {
+      rms_norm_backward_kernel<T, W, O, 1, 1, 2 * kBackwardRows><<<grid, threads, 0, stream>>>(p);
+    } else {
+      rms_norm_backward_kernel<T, W, O, 1, kBackwardPacksPerThread, kBackwardRows><<<grid, threads, 0, stream>>>(p);
+    }
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
