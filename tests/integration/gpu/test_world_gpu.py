@@ -3,6 +3,8 @@ one GPU. Needs two CUDA devices (deploy/device/multi_gpu.sh runs it on nvidia-h2
 
     TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/integration/gpu/test_world_gpu.py
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -63,3 +65,20 @@ def test_two_servers_train_as_one_gpu_does(two_servers):
         assert result.step == len(data) + 1
         assert [i.accumulated_batches for i in world.info()] == [0, 0]
 
+
+
+def test_a_rank_that_never_joins_fails_creation_within_its_timeout(two_servers):
+    """Rank 0 of a world of two whose rank 1 is never started: creating the session fails once the collective
+    timeout has passed (the NCCL communicator is initialised without blocking, then aborted), with a status that
+    says so, and the server goes on serving."""
+    client = two_servers[0].client()
+    communicator_id = client.new_communicator_id()
+    start = time.monotonic()
+    with pytest.raises((tigon.DeadlineExceeded, tigon.Unavailable)) as failure:
+        client.create_session(MODEL, precision="fp32", optimizer=OPTIMIZER, seed=3, devices=[0],
+                              world=(2, 0, communicator_id, 5.0), timeout=120)
+    elapsed = time.monotonic() - start
+    assert "NCCL" in str(failure.value) or "communicator" in str(failure.value), str(failure.value)
+    assert 4.0 < elapsed < 60.0, f"creation failed after {elapsed:.1f} s with a 5 s collective timeout"
+    with client.create_session(MODEL, precision="fp32", optimizer=OPTIMIZER, seed=3, devices=[0]) as session:
+        assert np.isfinite(session.train_step(batches(1, 2, 32)[0]).loss)
