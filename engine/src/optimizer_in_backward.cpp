@@ -38,8 +38,8 @@ class DropStoredGradient final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream)
-    : flat_(flat), use_update_stream_(use_update_stream) {
+OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream, int64_t update_blocks)
+    : flat_(flat), use_update_stream_(use_update_stream), update_blocks_(update_blocks) {
   auto& views = flat_->views();
   done_.assign(views.size(), false);
   for (size_t k = 0; k < views.size(); ++k) {
@@ -73,11 +73,13 @@ void OptimizerInBackward::Arm(const AdamWOptions& options, bool fused) {
 void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   const torch::Tensor flat_grad = grad.contiguous().view({-1});
+  AdamWOptions options = options_;
 #ifdef TIGON_WITH_CUDA
   // The update is memory-bound and the backward matmuls are compute-bound: run the update on its own
   // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter it
   // writes is not read again by this backward (see the hook above).
   const bool on_update_stream = use_update_stream_ && grad.is_cuda();
+  if (on_update_stream) options.max_blocks = update_blocks_;
   std::optional<c10::cuda::CUDAStreamGuard> update_stream_guard;
   if (on_update_stream) {
     const auto index = grad.device().index();
@@ -90,10 +92,10 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
 #endif
   if (fused_) {
     // The fused AdamW sums the gradient's squares in the pass that updates the parameter.
-    flat_->AdamWStepSlot(slot, flat_grad, options_, fused_, grad_square_partials_[static_cast<int64_t>(slot)]);
+    flat_->AdamWStepSlot(slot, flat_grad, options, fused_, grad_square_partials_[static_cast<int64_t>(slot)]);
   } else {
     squared_norm_.add_(ops::squared_norm(flat_grad));
-    flat_->AdamWStepSlot(slot, flat_grad, options_, fused_);
+    flat_->AdamWStepSlot(slot, flat_grad, options, fused_);
   }
 #ifdef TIGON_WITH_CUDA
   if (on_update_stream) {
