@@ -67,15 +67,15 @@ bool UseUpdateStream() {
 }
 
 // TIGON_OPTIMIZER_UPDATE_BLOCKS=N caps each update on that stream at N CUDA blocks, leaving the other SMs to
-// the backward (unset: every block that fits, which holds every SM until the update is done). For
-// measuring the overlap; the results are the same either way. Anything but a positive integer is ignored.
+// the backward (unset or 0: every block that fits, which holds every SM until the update is done). For
+// measuring the overlap; the results are the same either way. Anything but an integer >= 0 is ignored.
 int64_t UpdateStreamBlocks() {
   const char* value = std::getenv("TIGON_OPTIMIZER_UPDATE_BLOCKS");
   if (value == nullptr || *value == '\0') return 0;
   char* end = nullptr;
   const long long blocks = std::strtoll(value, &end, 10);
-  if (*end != '\0' || blocks <= 0) {
-    Logf(LogLevel::kWarning, "TIGON_OPTIMIZER_UPDATE_BLOCKS=", value, " is not a positive integer; ignored");
+  if (*end != '\0' || blocks < 0) {
+    Logf(LogLevel::kWarning, "TIGON_OPTIMIZER_UPDATE_BLOCKS=", value, " is not an integer >= 0; ignored");
     return 0;
   }
   return blocks;
