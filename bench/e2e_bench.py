@@ -119,6 +119,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps first; about 25 s of steps brings a power-capped GPU to its steady clocks")
     ap.add_argument("--kernels", nargs="+", default=["fused", "reference"])
     ap.add_argument("--max-seq", action="store_true", help="find the longest sequence at batch 1")
     ap.add_argument("--seqs", type=int, nargs="+", default=[16384, 20480, 24576, 32768, 40960, 49152, 65536],
@@ -127,6 +129,8 @@ def main():
                     help="sessions apply AdamW during backward (no whole gradient buffer)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.warmup < 0 or args.steps < 1:
+        ap.error("--warmup must be >= 0 and --steps >= 1")
     server = Server(args.server_bin)
     results = []
     try:
@@ -142,7 +146,8 @@ def main():
                 results.append(dict(model=args.model, kernels=kernels, longest_seq=best,
                                     optimizer_in_backward=args.optimizer_in_backward))
             else:
-                r = run(client, args.model, args.batch, args.seq, kernels, args.steps, args.optimizer_in_backward)
+                r = run(client, args.model, args.batch, args.seq, kernels, args.steps, args.optimizer_in_backward,
+                        args.warmup)
                 print(json.dumps(r), flush=True)
                 results.append(r)
     finally:
