@@ -90,13 +90,9 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
     update_stream_guard.emplace(*update_stream_);
   }
 #endif
-  if (fused_) {
-    // The fused AdamW sums the gradient's squares in the pass that updates the parameter.
-    flat_->AdamWStepSlot(slot, flat_grad, options, fused_, grad_square_partials_[static_cast<int64_t>(slot)]);
-  } else {
-    squared_norm_.add_(ops::squared_norm(flat_grad));
-    flat_->AdamWStepSlot(slot, flat_grad, options, fused_);
-  }
+  // The fused AdamW sums the gradient's squares in the pass that updates the parameter.
+  if (!fused_) squared_norm_.add_(ops::squared_norm(flat_grad));
+  flat_->AdamWStepSlot(slot, flat_grad, options, fused_, GradSquarePartials(slot));
 #ifdef TIGON_WITH_CUDA
   if (on_update_stream) {
     update_stream_guard.reset();
@@ -108,6 +104,10 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
 #endif
   done_[slot] = true;
   ++updated_;
+}
+
+torch::Tensor OptimizerInBackward::GradSquarePartials(size_t slot) const {
+  return fused_ ? grad_square_partials_[static_cast<int64_t>(slot)] : torch::Tensor();
 }
 
 void OptimizerInBackward::JoinUpdateStream() {
@@ -132,12 +132,8 @@ OptimizerInBackward::Result OptimizerInBackward::Disarm(bool complete) {
     for (size_t k = 0; k < done_.size(); ++k) {
       if (done_[k]) continue;
       const auto& slot = flat_->slots()[k];
-      const auto zeros = torch::zeros({slot.numel}, flat_->params().options());
-      if (fused_) {
-        flat_->AdamWStepSlot(k, zeros, options_, fused_, grad_square_partials_[static_cast<int64_t>(k)]);
-      } else {
-        flat_->AdamWStepSlot(k, zeros, options_, fused_);
-      }
+      flat_->AdamWStepSlot(k, torch::zeros({slot.numel}, flat_->params().options()), options_, fused_,
+                           GradSquarePartials(k));
     }
     result.squared_norm = fused_ ? grad_square_partials_.sum().item<double>() : squared_norm_.item<double>();
   }

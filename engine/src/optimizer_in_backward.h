@@ -45,6 +45,8 @@ class OptimizerInBackward {
  private:
   void OnGradient(size_t slot, const torch::Tensor& grad);
   void JoinUpdateStream();  // the current stream waits for every update queued on the update stream
+  // The fused AdamW's row of partials for `slot`; undefined with the reference AdamW (squared_norm_ instead).
+  torch::Tensor GradSquarePartials(size_t slot) const;
 
   FlatParameters* flat_;
   bool armed_ = false;
