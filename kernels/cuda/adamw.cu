@@ -36,24 +36,11 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p = __fadd_rn(p, __fdiv_rn(__fmul_rn(-a.step_size, m), denom));
 }
 
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // Block 0 also zeroes the entries past the last block, so the caller never has to clear the buffer.
 __device__ __forceinline__ void write_grad_square_partial(double acc, double* partials) {
-  __shared__ double scratch[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  acc = warp_sum(acc);
-  if (lane == 0) scratch[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double total = lane < kThreads / 32 ? scratch[lane] : 0.0;
-    total = warp_sum(total);
-    if (lane == 0) partials[blockIdx.x] = total;
-  }
+  __shared__ double scratch[32];
+  const double total = block_reduce_sum(acc, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
   if (blockIdx.x == 0) {
     for (int64_t i = gridDim.x + threadIdx.x; i < kAdamWGradSquarePartials; i += kThreads) partials[i] = 0.0;
   }

@@ -77,6 +77,22 @@ __device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
   return warp_reduce_sum(lane < num_warps ? scratch[lane] : 0.f);
 }
 
+// fp64 versions (gradient norms): the same fixed order. `scratch` is 32 doubles of shared memory.
+__device__ __forceinline__ double warp_reduce_sum(double v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ double block_reduce_sum(double v, double* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  v = warp_reduce_sum(v);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce_sum(lane < num_warps ? scratch[lane] : 0.0);
+}
+
 // Second stage of a deterministic two-stage reduction: out[c] = sum_r partials[r, c] over
 // partials [num_rows, cols] (fp32, contiguous), summed in a fixed order. Launch with
 // block (32, kColumnSumRowsPerBlock) and grid (ceil(cols / 32)).

@@ -9,21 +9,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 1024;
 
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ double block_sum(double v) {
-  __shared__ double scratch[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_sum(lane < num_warps ? scratch[lane] : 0.0);
-}
-
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) squared_norm_partials_kernel(const T* __restrict__ x, int64_t n,
                                                                          double* __restrict__ partials) {
@@ -42,7 +27,8 @@ __global__ void __launch_bounds__(kThreads) squared_norm_partials_kernel(const T
     const double v = static_cast<double>(to_float(x[j]));
     acc = fma(v, v, acc);
   }
-  const double total = block_sum(acc);
+  __shared__ double scratch[32];
+  const double total = block_reduce_sum(acc, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
@@ -50,7 +36,8 @@ __global__ void __launch_bounds__(kMaxBlocks) sum_partials_kernel(const double* 
                                                                   double* __restrict__ out) {
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
-  const double total = block_sum(acc);
+  __shared__ double scratch[32];
+  const double total = block_reduce_sum(acc, scratch);
   if (threadIdx.x == 0) out[0] = total;
 }
 
