@@ -160,8 +160,8 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
     const torch::Tensor n_valid =
         options.reduction == Reduction::kMean ? detail::CountValid(target, options.ignore_index) : torch::Tensor();
     // grad_hidden over hidden when the caller gave hidden up and it is a plain [N, H] buffer of its own.
-    const bool over_hidden = consume_hidden && need_hidden && hidden.is_contiguous() &&
-                             !hidden.is_same(weight) && hidden.data_ptr() != weight.data_ptr();
+    const bool over_hidden =
+        consume_hidden && need_hidden && hidden.is_contiguous() && hidden.data_ptr() != weight.data_ptr();
     const ChunkedResult r = RunChunks(hidden, weight, bias, target, token_weights, options, n_valid, chunk_size,
                                       need_hidden, need_weight, need_bias, over_hidden);
     // A node that saved hidden would now read gradients: its backward fails on the version instead.
