@@ -22,13 +22,14 @@ struct Args {
   std::string config_path, trace_path = "trace.json", precision = "bf16", kernels = "fused";
   int64_t batch = 8, seq = 1024, warmup = 3, timed = 5, profiled = 2;
   bool optimizer_in_backward = false;
+  bool shapes = false;  // record operator input shapes (ties each matmul kernel to its operand shapes)
   std::map<std::string, std::string> overrides;
 };
 
 [[noreturn]] void Usage(const std::string& error) {
   std::cerr << error << "\nusage: tigon-profile-step --config FILE [--batch N] [--seq N] [--precision P] "
             << "[--kernels fused|reference] [--override op=choice]... [--warmup N] [--timed N] [--profiled N] "
-            << "[--optimizer-in-backward] [--trace FILE]\n";
+            << "[--optimizer-in-backward] [--shapes] [--trace FILE]\n";
   std::exit(2);
 }
 
@@ -50,6 +51,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--timed") a.timed = std::stoll(value());
     else if (k == "--profiled") a.profiled = std::stoll(value());
     else if (k == "--optimizer-in-backward") a.optimizer_in_backward = true;
+    else if (k == "--shapes") a.shapes = true;
     else if (k == "--override") {
       const std::string v = value();
       const auto eq = v.find('=');
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
 
   namespace prof = torch::autograd::profiler;
   namespace impl = torch::profiler::impl;
-  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/args.shapes);
   const std::set<impl::ActivityType> activities{impl::ActivityType::CPU, impl::ActivityType::CUDA};
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
