@@ -322,10 +322,10 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
     }
     torch::Tensor mlp;
     if (fused_mlp) {
-      // Activation and down projection in one node that recomputes act(gate) * up in backward.
+      // Activation and down projection in one node that keeps no act(gate) * up for backward.
       const torch::Tensor down_bias = c.mlp_bias ? param(p + "mlp.down_proj.bias") : torch::Tensor();
-      // up is used by nothing else: its buffer takes its own gradient in backward.
-      mlp = ops::glu_linear_consuming_b(gate, up, param(p + "mlp.down_proj.weight"), down_bias, geglu);
+      // gate and up are used by nothing else: their buffers take their own gradients in backward.
+      mlp = ops::glu_linear_consuming_inputs(gate, up, param(p + "mlp.down_proj.weight"), down_bias, geglu);
     } else {
       torch::Tensor act = geglu ? reference::geglu(gate, up) : reference::swiglu(gate, up);
       mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);

@@ -6,7 +6,8 @@
 //   gelu'(a) = 0.5 (1 + tanh(u)) + 0.5 a (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 a^2)
 //   da = dy * b * gelu'(a),   db = dy * gelu_tanh(a)        (both =).
 // da and db may each be dy, a or b itself (same pointer and row stride): every element is read before it
-// is written, by the thread that writes it. glu_linear writes da over its own dy this way.
+// is written, by the thread that writes it. Backward can also write h = gelu_tanh(a) * b (the optional h
+// operand), bit for bit the forward's y.
 // Same operand layout as SwiGLU (kernels/cuda/swiglu.h); fp32 math; 64-bit offsets.
 #pragma once
 

@@ -4,7 +4,9 @@
 // Backward recomputes the activation: s = sigmoid(a), silu = a s,
 //   da = dy * b * s * (1 + a (1 - s)),   db = dy * silu      (both =).
 // da and db may each be dy, a or b itself (same pointer and row stride): every element is read before it
-// is written, by the thread that writes it. glu_linear writes da over its own dy this way.
+// is written, by the thread that writes it. Backward can also write h = silu(a) * b, bit for bit the
+// forward's y, into a sixth operand (which may likewise be dy, a or b): glu_linear takes the down
+// projection's weight gradient from it instead of running the forward kernel again.
 // Rows have unit stride inside and any row stride between them (a and b may be the two halves of one
 // gate_up projection); fp32 math; 64-bit offsets.
 #pragma once
@@ -36,6 +38,7 @@ struct GluForwardParams {
 struct GluBackwardParams {
   GluOperand dy, a, b;
   GluOutput da, db;
+  GluOutput h;  // optional (data null: not written): act(a) * b as the forward computes it
   int64_t rows = 0;
   int64_t cols = 0;
   DType dtype = DType::kFloat32;

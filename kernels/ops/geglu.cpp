@@ -42,15 +42,18 @@ torch::Tensor GeGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
 // gelu'(a) = s + 2 a s (1 - s) u'(a), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 a^2).
 // da and db may be dy, a or b themselves: both are computed in full before either is stored.
 void GeGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                      const torch::Tensor& da, const torch::Tensor& db) {
+                      const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
   auto s = torch::sigmoid(2.0 * kSqrt2OverPi * (af + kCubic * af * af * af));
   auto gelu_grad = s + 2.0 * af * s * (1.0 - s) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * af * af);
   auto da_acc = dyf * bf * gelu_grad;
   auto db_acc = dyf * af * s;
+  // h: the forward's products in the forward's order, so it equals the forward's output.
+  torch::Tensor h_acc = h.defined() ? af * s * bf : torch::Tensor();
   da.copy_(da_acc);
   db.copy_(db_acc);
+  if (h.defined()) h.copy_(h_acc);
 }
 
 // ---- CUDA path ------------------------------------------------------------------------------------------
@@ -86,7 +89,7 @@ torch::Tensor GeGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) {
 // dy in a's dtype; da and db contiguous (the kernel reads every element before writing it, so either may be
 // dy, a or b).
 void GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                       const torch::Tensor& da, const torch::Tensor& db) {
+                       const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
   if (da.numel() == 0) return;
   const int64_t cols = a.size(-1);
   auto a2d = AsRows(a), b2d = AsRows(b), dy2d = AsRows(dy);
@@ -96,6 +99,7 @@ void GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const to
   p.b = Operand(b2d);
   p.da = Output(da.view({-1, cols}));
   p.db = Output(db.view({-1, cols}));
+  if (h.defined()) p.h = Output(h.view({-1, cols}));
   p.rows = a2d.size(0);
   p.cols = cols;
   p.dtype = CudaDType(a);
@@ -105,11 +109,11 @@ void GeGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const to
 
 // da, db: contiguous, a's shape and dtype.
 void GeGLUBackward(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& da,
-                   const torch::Tensor& db) {
+                   const torch::Tensor& db, const torch::Tensor& h = torch::Tensor()) {
 #ifdef TIGON_CUDA_KERNELS
-  if (a.is_cuda()) return GeGLUBackwardCuda(dy.to(a.scalar_type()), a, b, da, db);
+  if (a.is_cuda()) return GeGLUBackwardCuda(dy.to(a.scalar_type()), a, b, da, db, h);
 #endif
-  GeGLUBackwardCpu(dy, a, b, da, db);
+  GeGLUBackwardCpu(dy, a, b, da, db, h);
 }
 
 // ---- autograd function ----------------------------------------------------------------------------------
@@ -148,11 +152,11 @@ torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                        const torch::Tensor& da, const torch::Tensor& db) {
-  detail::CheckGluBackwardOperands("geglu", dy, a, b, da, db);
+                        const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
+  detail::CheckGluBackwardOperands("geglu", dy, a, b, da, db, h);
   c10::OptionalDeviceGuard guard(a.device());
   torch::NoGradGuard no_grad;
-  GeGLUBackward(dy, a, b, da, db);
+  GeGLUBackward(dy, a, b, da, db, h);
 }
 
 }  // namespace tigon::ops

@@ -49,11 +49,12 @@ torch::Tensor geglu(const torch::Tensor& a, const torch::Tensor& b);
 
 // swiglu's / geglu's backward without autograd, into da and db (contiguous, a's shape and dtype; dy: a's
 // shape and dtype): the values their autograd backward returns. Either output may be dy, a or b itself (in
-// place), so a caller that owns dy needs fresh memory for db only.
+// place), so a caller that owns dy needs fresh memory for db only. h, when defined (same rules), also
+// receives act(a) * b, equal to the forward's output bit for bit, from the same pass over a and b.
 void swiglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                         const torch::Tensor& da, const torch::Tensor& db);
+                         const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h = torch::Tensor());
 void geglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                        const torch::Tensor& da, const torch::Tensor& db);
+                        const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h = torch::Tensor());
 
 // linear(swiglu(a, b) or geglu(a, b), weight, bias) as one autograd node that saves a, b and weight and
 // recomputes the activation in backward (the gated MLP's down projection). bias may be undefined.

@@ -33,14 +33,17 @@ torch::Tensor SwiGLUForwardCpu(const torch::Tensor& a, const torch::Tensor& b) {
 
 // da and db may be dy, a or b themselves: both are computed in full before either is stored.
 void SwiGLUBackwardCpu(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                       const torch::Tensor& da, const torch::Tensor& db) {
+                       const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
   const auto acc = AccumulateType(a.scalar_type());
   auto af = a.to(acc), bf = b.to(acc), dyf = dy.to(acc);
   auto s = torch::sigmoid(af);
   auto da_acc = dyf * bf * s * (1.0 + af * (1.0 - s));
   auto db_acc = dyf * af * s;
+  // h: the forward's products in the forward's order, so it equals the forward's output.
+  torch::Tensor h_acc = h.defined() ? af * s * bf : torch::Tensor();
   da.copy_(da_acc);
   db.copy_(db_acc);
+  if (h.defined()) h.copy_(h_acc);
 }
 
 // ---- CUDA path ------------------------------------------------------------------------------------------
@@ -76,7 +79,7 @@ torch::Tensor SwiGLUForwardCuda(const torch::Tensor& a, const torch::Tensor& b) 
 // dy in a's dtype; da and db contiguous (the kernel reads every element before writing it, so either may be
 // dy, a or b).
 void SwiGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                        const torch::Tensor& da, const torch::Tensor& db) {
+                        const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
   if (da.numel() == 0) return;
   const int64_t cols = a.size(-1);
   auto a2d = AsRows(a), b2d = AsRows(b), dy2d = AsRows(dy);
@@ -86,6 +89,7 @@ void SwiGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const t
   p.b = Operand(b2d);
   p.da = Output(da.view({-1, cols}));
   p.db = Output(db.view({-1, cols}));
+  if (h.defined()) p.h = Output(h.view({-1, cols}));
   p.rows = a2d.size(0);
   p.cols = cols;
   p.dtype = CudaDType(a);
@@ -95,11 +99,11 @@ void SwiGLUBackwardCuda(const torch::Tensor& dy, const torch::Tensor& a, const t
 
 // da, db: contiguous, a's shape and dtype.
 void SwiGLUBackward(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& da,
-                    const torch::Tensor& db) {
+                    const torch::Tensor& db, const torch::Tensor& h = torch::Tensor()) {
 #ifdef TIGON_CUDA_KERNELS
-  if (a.is_cuda()) return SwiGLUBackwardCuda(dy.to(a.scalar_type()), a, b, da, db);
+  if (a.is_cuda()) return SwiGLUBackwardCuda(dy.to(a.scalar_type()), a, b, da, db, h);
 #endif
-  SwiGLUBackwardCpu(dy, a, b, da, db);
+  SwiGLUBackwardCpu(dy, a, b, da, db, h);
 }
 
 // ---- autograd function ----------------------------------------------------------------------------------
@@ -138,11 +142,11 @@ torch::Tensor swiglu(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 void swiglu_backward_out(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
-                         const torch::Tensor& da, const torch::Tensor& db) {
-  detail::CheckGluBackwardOperands("swiglu", dy, a, b, da, db);
+                         const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h) {
+  detail::CheckGluBackwardOperands("swiglu", dy, a, b, da, db, h);
   c10::OptionalDeviceGuard guard(a.device());
   torch::NoGradGuard no_grad;
-  SwiGLUBackward(dy, a, b, da, db);
+  SwiGLUBackward(dy, a, b, da, db, h);
 }
 
 }  // namespace tigon::ops

@@ -546,6 +546,39 @@ def test_glu_linear(seed, op, dtype, case):
         assert diff <= rel * expected.abs().max().item(), f"{name}: max |diff| {diff:.3e}"
 
 
+@pytest.mark.parametrize("op", list(GLU))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GLU_LINEAR_CASES, ids=lambda c: c[0])
+def test_glu_linear_consuming_inputs(seed, op, dtype, case):
+    """The decoder's variant, given non-leaf a and b it may overwrite: y and every gradient bit for bit
+    glu_linear's. With a contiguous a, backward writes h = act(a) * b in the activation's backward pass (over
+    grad_y @ w) instead of a pass of its own, and a's and b's buffers end up holding their gradients."""
+    _, shape, out_features, layout = case
+    a0, b0, w0, dy = glu_linear_inputs(shape, out_features, layout, dtype)
+    gelu = op == "geglu"
+    a, b, w = leaf(a0), leaf(b0), leaf(w0)
+    y = tigon.glu_linear(a, b, w, None, gelu)
+    da, db, dw = torch.autograd.grad(y, (a, b, w), dy)
+
+    a_leaf, b_leaf, w_leaf = leaf(a0), leaf(b0), leaf(w0)
+    a_in, b_in = a_leaf * 1, b_leaf * 1  # fresh buffers (transposed ones keep their strides)
+    if layout == "fused_gate_up":  # the two halves of one product, as Phi3's gate_up gives
+        a_in, b_in = torch.cat((a_leaf, b_leaf), -1).chunk(2, dim=-1)
+    taken = {name: t.is_contiguous() and layout != "fused_gate_up" for name, t in (("a", a_in), ("b", b_in))}
+    poison_cache(8 * nbytes(a0))
+    y_c = tigon.glu_linear_consuming_inputs(a_in, b_in, w_leaf, None, gelu)
+    poison_cache(8 * nbytes(a0))
+    da_c, db_c, dw_c = torch.autograd.grad(y_c, (a_leaf, b_leaf, w_leaf), dy)
+    assert torch.equal(y_c, y), "y"
+    assert torch.equal(da_c, da), "da differs from glu_linear's"
+    assert torch.equal(db_c, db), "db differs from glu_linear's"
+    assert torch.equal(dw_c, dw), "dw differs from glu_linear's"
+    # A contiguous input not sharing memory with the other holds its gradient; any other is left as it was.
+    for name, buf, grad, before in (("a", a_in, da, a0), ("b", b_in, db, b0)):
+        expected = grad if taken[name] else before
+        assert torch.equal(buf, expected), f"{name}'s buffer: {'its gradient' if taken[name] else 'untouched'}"
+
+
 def glu_linear_fwd_bwd_peak(run, inputs, dy):
     """Peak bytes allocated above what is live before `run` (the inputs, dy), over forward and backward
     together, with the returned gradients counted. A first pass warms up the cuBLAS workspace."""

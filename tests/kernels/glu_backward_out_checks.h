@@ -20,12 +20,15 @@ using tigon_test::ExpectClose;
 using GluForward = torch::Tensor (*)(const torch::Tensor& a, const torch::Tensor& b);
 using GluBackwardOut = void (*)(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
                                 const torch::Tensor& da, const torch::Tensor& db);
+// The fused one also takes h (undefined: not written), which receives the forward's output.
+using FusedGluBackwardOut = void (*)(const torch::Tensor& dy, const torch::Tensor& a, const torch::Tensor& b,
+                                     const torch::Tensor& da, const torch::Tensor& db, const torch::Tensor& h);
 
 // One gated activation: e.g. {tigon::ops::swiglu, tigon::ops::swiglu_backward_out,
 // tigon::reference::swiglu_backward_out}.
 struct GluOp {
   GluForward fused;
-  GluBackwardOut fused_backward_out;
+  FusedGluBackwardOut fused_backward_out;
   GluBackwardOut reference_backward_out;
 };
 
@@ -56,7 +59,7 @@ inline void ExpectBackwardOutInPlaceBitIdenticalToAutograd(const GluOp& op) {
       auto g = torch::autograd::grad({op.fused(a_leaf, b_leaf)}, {a_leaf, b_leaf}, {dy});
       // da over dy (the caller owns it), db fresh.
       auto da = dy.clone(), db = torch::empty_like(da);
-      op.fused_backward_out(da, a, b, da, db);
+      op.fused_backward_out(da, a, b, da, db, {});
       EXPECT_TRUE(torch::equal(da, g[0])) << tag << ": da in place";
       EXPECT_TRUE(torch::equal(db, g[1])) << tag << ": db";
       // Over owned copies of a and b (contiguous: the outputs' layout), against autograd on the same copies.
@@ -64,9 +67,39 @@ inline void ExpectBackwardOutInPlaceBitIdenticalToAutograd(const GluOp& op) {
       auto a_own_leaf = a_own.detach().clone().requires_grad_(true);
       auto b_own_leaf = b_own.detach().clone().requires_grad_(true);
       auto g_own = torch::autograd::grad({op.fused(a_own_leaf, b_own_leaf)}, {a_own_leaf, b_own_leaf}, {dy});
-      op.fused_backward_out(dy, a_own, b_own, a_own, b_own);
+      op.fused_backward_out(dy, a_own, b_own, a_own, b_own, {});
       EXPECT_TRUE(torch::equal(a_own, g_own[0])) << tag << ": da over a";
       EXPECT_TRUE(torch::equal(b_own, g_own[1])) << tag << ": db over b";
+    }
+  }
+}
+
+// h, from the same pass as da and db, equals the fused forward's output bit for bit, in the layouts
+// glu_linear uses: h over dy with da and db over owned copies of a and b, and h fresh beside fresh da, db.
+// da and db stay bit-identical to autograd's.
+inline void ExpectBackwardOutWritesTheForwardOutput(const GluOp& op) {
+  for (auto dtype : kDtypes) {
+    for (const auto& [name, ab] : Operands(dtype)) {
+      const auto& [a, b] = ab;
+      const std::string tag = c10::toString(dtype) + std::string(" ") + name;
+      const auto y = op.fused(a, b);
+      auto dy = torch::randn(a.sizes()).to(dtype);
+      auto a_leaf = a.detach().requires_grad_(true), b_leaf = b.detach().requires_grad_(true);
+      auto g = torch::autograd::grad({op.fused(a_leaf, b_leaf)}, {a_leaf, b_leaf}, {dy});
+      auto da = torch::empty(a.sizes(), a.options()), db = torch::empty_like(da), h = torch::empty_like(da);
+      op.fused_backward_out(dy, a, b, da, db, h);
+      EXPECT_TRUE(torch::equal(h, y)) << tag << ": h (fresh)";
+      EXPECT_TRUE(torch::equal(da, g[0]) && torch::equal(db, g[1])) << tag << ": da, db beside h";
+      // Every output over an input: h over dy, da over a, db over b (owned contiguous copies, against the
+      // forward and autograd on the same copies: CPU math may round a strided operand differently).
+      auto dy_own = dy.clone(), a_own = a.contiguous().clone(), b_own = b.contiguous().clone();
+      const auto y_own = op.fused(a_own, b_own);
+      auto a_own_leaf = a_own.detach().clone().requires_grad_(true);
+      auto b_own_leaf = b_own.detach().clone().requires_grad_(true);
+      auto g_own = torch::autograd::grad({op.fused(a_own_leaf, b_own_leaf)}, {a_own_leaf, b_own_leaf}, {dy});
+      op.fused_backward_out(dy_own, a_own, b_own, a_own, b_own, dy_own);
+      EXPECT_TRUE(torch::equal(dy_own, y_own)) << tag << ": h over dy";
+      EXPECT_TRUE(torch::equal(a_own, g_own[0]) && torch::equal(b_own, g_own[1])) << tag << ": da, db over a, b";
     }
   }
 }
@@ -88,7 +121,7 @@ inline void ExpectBackwardOutMatchesReferenceInFloat64(const GluOp& op) {
       auto da_ref = torch::empty(a.sizes(), torch::kDouble), db_ref = torch::empty_like(da_ref);
       op.reference_backward_out(dy.to(torch::kDouble), a.to(torch::kDouble), b.to(torch::kDouble), da_ref, db_ref);
       auto da = dy.clone(), db = torch::empty_like(da);
-      op.fused_backward_out(da, a, b, da, db);
+      op.fused_backward_out(da, a, b, da, db, {});
       ExpectClose(da, da_ref, atol, rtol, tag + ": da");
       ExpectClose(db, db_ref, atol, rtol, tag + ": db");
       // The reference computes both gradients before storing either: in place over dy it agrees with itself.
@@ -100,23 +133,31 @@ inline void ExpectBackwardOutMatchesReferenceInFloat64(const GluOp& op) {
 }
 
 // Overlapping, aliased, non-contiguous, wrong-dtype and wrong-shape outputs throw; the valid call does not.
-inline void ExpectBackwardOutRejectsBadOutputs(GluBackwardOut backward_out) {
+inline void ExpectBackwardOutRejectsBadOutputs(FusedGluBackwardOut backward_out) {
   auto a = torch::randn({4, 8}), b = torch::randn({4, 8}), dy = torch::randn({4, 8});
   auto db = torch::empty({4, 8});
   // An output that overlaps an input without being it element for element.
   auto storage = torch::randn({33});
   auto dy_view = storage.narrow(0, 0, 32).view({4, 8}), da_shifted = storage.narrow(0, 1, 32).view({4, 8});
-  EXPECT_THROW(backward_out(dy_view, a, b, da_shifted, db), c10::Error);
+  EXPECT_THROW(backward_out(dy_view, a, b, da_shifted, db, {}), c10::Error);
   // da and db the same memory.
   auto da = torch::empty({4, 8});
-  EXPECT_THROW(backward_out(dy, a, b, da, da), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, da, da, {}), c10::Error);
   // Non-contiguous, wrong dtype, wrong shape.
-  EXPECT_THROW(backward_out(dy, a, b, torch::empty({8, 4}).t(), db), c10::Error);
-  EXPECT_THROW(backward_out(dy, a, b, torch::empty({4, 8}, torch::kDouble), db), c10::Error);
-  EXPECT_THROW(backward_out(dy, a, b, torch::empty({4, 9}), db), c10::Error);
-  EXPECT_THROW(backward_out(dy.to(torch::kDouble), a, b, da, db), c10::Error);
-  // The valid call still works: da in place over dy.
-  EXPECT_NO_THROW(backward_out(dy, a, b, dy, db));
+  EXPECT_THROW(backward_out(dy, a, b, torch::empty({8, 4}).t(), db, {}), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, torch::empty({4, 8}, torch::kDouble), db, {}), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, torch::empty({4, 9}), db, {}), c10::Error);
+  EXPECT_THROW(backward_out(dy.to(torch::kDouble), a, b, da, db, {}), c10::Error);
+  // h: apart from da and db, contiguous, a's shape.
+  auto h = torch::empty({4, 8});
+  EXPECT_THROW(backward_out(dy, a, b, da, db, da), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, da, db, db), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, da, db, torch::empty({8, 4}).t()), c10::Error);
+  EXPECT_THROW(backward_out(dy, a, b, da, db, torch::empty({4, 9})), c10::Error);
+  EXPECT_THROW(backward_out(dy_view, a, b, da, db, da_shifted), c10::Error);
+  // The valid calls still work: da in place over dy; h over dy with da and db over a and b.
+  EXPECT_NO_THROW(backward_out(dy, a, b, dy, db, {}));
+  EXPECT_NO_THROW(backward_out(dy, a, b, a, b, dy));
 }
 
 }  // namespace glu_backward_out_checks

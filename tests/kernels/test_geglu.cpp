@@ -122,6 +122,11 @@ TEST(GeGLUCpu, BackwardOutMatchesReferenceInFloat64) {
   glu_backward_out_checks::ExpectBackwardOutMatchesReferenceInFloat64(kGeGLU);
 }
 
+TEST(GeGLUCpu, BackwardOutWritesTheForwardOutputBitForBit) {
+  torch::manual_seed(418);
+  glu_backward_out_checks::ExpectBackwardOutWritesTheForwardOutput(kGeGLU);
+}
+
 TEST(GeGLUCpu, BackwardOutRejectsBadOutputs) {
   glu_backward_out_checks::ExpectBackwardOutRejectsBadOutputs(tigon::ops::geglu_backward_out);
 }

@@ -241,59 +241,83 @@ TEST(GluLinear, RegisteredTorchOpMatchesTheFunction) {
 
 namespace {
 
-// glu_linear_consuming_b on non-leaf a and b (as in the decoder: outputs of the projections) -> y and the
-// gradients reaching the leaves a0 and b0.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> RunConsuming(
-    bool consuming, bool gelu, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& w,
-    const torch::Tensor& dy, bool contiguous_b, torch::Tensor* b_seen = nullptr) {
+// glu_linear_consuming_inputs on non-leaf a and b (as in the decoder: outputs of the projections), or plain
+// glu_linear -> y, the gradients reaching the leaves a0, b0 and w (undefined unless weight_grad), and what a's
+// and b's buffers hold afterwards.
+struct ConsumingRun {
+  torch::Tensor y, da, db, dw, a_after, b_after;
+};
+
+ConsumingRun RunConsuming(bool consuming, bool gelu, const torch::Tensor& a0, const torch::Tensor& b0,
+                          const torch::Tensor& w0, const torch::Tensor& dy, bool contiguous_a, bool contiguous_b,
+                          bool weight_grad) {
   auto a_leaf = a0.detach().clone().requires_grad_(true);
   auto b_leaf = b0.detach().clone().requires_grad_(true);
-  auto a = a_leaf * 1;
-  // A contiguous b, or a strided one (a column half of a wider product, as Phi3's fused gate_up gives).
-  auto b = contiguous_b ? b_leaf * 1 : torch::cat({b_leaf, b_leaf}, -1).narrow(-1, b0.size(-1), b0.size(-1));
-  if (b_seen != nullptr) *b_seen = b;
-  auto y = consuming ? tigon::ops::glu_linear_consuming_b(a, b, w, torch::Tensor(), gelu)
+  auto w = w0.detach().clone().requires_grad_(weight_grad);
+  // Contiguous, or strided: a column half of a wider product, as Phi3's fused gate_up gives.
+  auto half_of_wider = [](const torch::Tensor& leaf) {
+    return torch::cat({leaf, leaf}, -1).narrow(-1, leaf.size(-1), leaf.size(-1));
+  };
+  auto a = contiguous_a ? a_leaf * 1 : half_of_wider(a_leaf);
+  auto b = contiguous_b ? b_leaf * 1 : half_of_wider(b_leaf);
+  auto y = consuming ? tigon::ops::glu_linear_consuming_inputs(a, b, w, torch::Tensor(), gelu)
                      : tigon::ops::glu_linear(a, b, w, torch::Tensor(), gelu);
   y.backward(dy);
-  return {y.detach(), a_leaf.grad(), b_leaf.grad(), b.detach().clone()};
+  return {y.detach(), a_leaf.grad(), b_leaf.grad(), w.grad(), a.detach().clone(), b.detach().clone()};
 }
 
 }  // namespace
 
-TEST(GluLinear, ConsumingBGivesTheSameResultsAndTakesBsBuffer) {
+// Consuming the inputs changes no value: y and every gradient equal plain glu_linear's bit for bit, whether
+// backward takes h from the activation's backward pass (a contiguous, weight gradient asked for) or recomputes
+// it. A contiguous input's buffer ends up holding its own gradient; a strided one (a view into a larger
+// product) is left alone.
+TEST(GluLinear, ConsumingInputsGivesTheSameResultsAndTakesTheirBuffers) {
   torch::manual_seed(17);
   for (const bool gelu : {false, true}) {
-    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-      for (const bool contiguous_b : {true, false}) {
-        const auto opts = torch::TensorOptions().dtype(dtype);
-        auto a = torch::randn({3, 7, 37}, opts), b = torch::randn({3, 7, 37}, opts);
-        auto w = torch::randn({19, 37}, opts) * 0.1, dy = torch::randn({3, 7, 19}, opts);
-        torch::Tensor b_before_plain, b_before_consuming;
-        auto [y0, da0, db0, b_after0] = RunConsuming(false, gelu, a, b, w, dy, contiguous_b, &b_before_plain);
-        auto [y1, da1, db1, b_after1] = RunConsuming(true, gelu, a, b, w, dy, contiguous_b, &b_before_consuming);
-        const std::string where = std::string(gelu ? "geglu " : "swiglu ") + c10::toString(dtype) +
-                                  (contiguous_b ? " contiguous b" : " strided b");
-        EXPECT_TRUE(torch::equal(y0, y1)) << where;
-        EXPECT_TRUE(torch::equal(da0, da1)) << where;
-        EXPECT_TRUE(torch::equal(db0, db1)) << where;
-        // Only a contiguous b gives up its buffer; a strided one (a view into a larger product) is left alone.
-        EXPECT_TRUE(torch::equal(b_after0, b.to(dtype))) << where;
-        if (contiguous_b) {
-          EXPECT_TRUE(torch::equal(b_after1, db1)) << where << ": b's buffer should hold its gradient";
-        } else {
-          EXPECT_TRUE(torch::equal(b_after1, b.to(dtype))) << where;
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat64}) {
+      for (const bool contiguous_a : {true, false}) {
+        for (const bool contiguous_b : {true, false}) {
+          for (const bool weight_grad : {true, false}) {
+            const auto opts = torch::TensorOptions().dtype(dtype);
+            auto a = torch::randn({3, 7, 37}, opts) * 3, b = torch::randn({3, 7, 37}, opts);
+            auto w = torch::randn({19, 37}, opts) * 0.1, dy = torch::randn({3, 7, 19}, opts);
+            const auto plain = RunConsuming(false, gelu, a, b, w, dy, contiguous_a, contiguous_b, weight_grad);
+            const auto taken = RunConsuming(true, gelu, a, b, w, dy, contiguous_a, contiguous_b, weight_grad);
+            const std::string where = std::string(gelu ? "geglu " : "swiglu ") + c10::toString(dtype) +
+                                      (contiguous_a ? " contiguous a" : " strided a") +
+                                      (contiguous_b ? " contiguous b" : " strided b") +
+                                      (weight_grad ? " with dW" : " without dW");
+            EXPECT_TRUE(torch::equal(plain.y, taken.y)) << where;
+            EXPECT_TRUE(torch::equal(plain.da, taken.da)) << where;
+            EXPECT_TRUE(torch::equal(plain.db, taken.db)) << where;
+            EXPECT_EQ(plain.dw.defined(), weight_grad) << where;
+            if (weight_grad) EXPECT_TRUE(torch::equal(plain.dw, taken.dw)) << where << ": weight gradient";
+            EXPECT_TRUE(torch::equal(plain.a_after, a) && torch::equal(plain.b_after, b)) << where << ": plain";
+            // Over a only on the one-pass route (contiguous a, weight gradient wanted); b whenever contiguous.
+            if (contiguous_a && weight_grad) {
+              EXPECT_TRUE(torch::equal(taken.a_after, taken.da)) << where << ": a's buffer should hold its gradient";
+            } else {
+              EXPECT_TRUE(torch::equal(taken.a_after, a)) << where << ": a should be untouched";
+            }
+            if (contiguous_b) {
+              EXPECT_TRUE(torch::equal(taken.b_after, taken.db)) << where << ": b's buffer should hold its gradient";
+            } else {
+              EXPECT_TRUE(torch::equal(taken.b_after, b)) << where << ": b should be untouched";
+            }
+          }
         }
       }
     }
   }
 }
 
-TEST(GluLinear, ConsumingBRefusesASecondBackwardThroughARetainedGraph) {
+TEST(GluLinear, ConsumingInputsRefusesASecondBackwardThroughARetainedGraph) {
   torch::manual_seed(18);
   auto a_leaf = torch::randn({5, 12}).requires_grad_(true), b_leaf = torch::randn({5, 12}).requires_grad_(true);
   auto w = torch::randn({4, 12}).requires_grad_(true);
-  auto y = tigon::ops::glu_linear_consuming_b(a_leaf * 1, b_leaf * 1, w, torch::Tensor(), false);
+  auto y = tigon::ops::glu_linear_consuming_inputs(a_leaf * 1, b_leaf * 1, w, torch::Tensor(), false);
   auto loss = y.square().sum();
   loss.backward({}, /*retain_graph=*/true);
-  EXPECT_THROW(loss.backward(), c10::Error);  // b was overwritten: its saved value is gone
+  EXPECT_THROW(loss.backward(), c10::Error);  // a and b were overwritten: their saved values are gone
 }

@@ -122,6 +122,11 @@ TEST(SwiGLUCpu, BackwardOutMatchesReferenceInFloat64) {
   glu_backward_out_checks::ExpectBackwardOutMatchesReferenceInFloat64(kSwiGLU);
 }
 
+TEST(SwiGLUCpu, BackwardOutWritesTheForwardOutputBitForBit) {
+  torch::manual_seed(408);
+  glu_backward_out_checks::ExpectBackwardOutWritesTheForwardOutput(kSwiGLU);
+}
+
 TEST(SwiGLUCpu, BackwardOutRejectsBadOutputs) {
   glu_backward_out_checks::ExpectBackwardOutRejectsBadOutputs(tigon::ops::swiglu_backward_out);
 }
