@@ -11,8 +11,14 @@ long kernels waited between their launch call on the host and their start on the
 most kernels means the device was waiting for the host); then the host CUDA calls that took the most time
 (synchronisations, allocations, launches). --baseline compares each device's kernel time by category, its
 top kernels and the mean time of host CUDA calls with another trace (e.g. one device alone).
+
+--streams lists each CUDA stream's busy time and its idle gaps between kernels, longest first, with the
+kernels on either side: a compute-stream gap that another stream's kernel fills is time the two streams
+did not overlap. --matmul-shapes (for a trace recorded with tigon-profile-step --shapes) sums the matmul
+kernels by the operator and operand shapes that launched them.
 """
 import argparse
+import gzip
 import json
 import re
 import statistics
@@ -38,7 +44,8 @@ def category_of(name):
 
 
 def load(path):
-    with open(path) as f:
+    """A trace as written, or gzip-compressed (.gz), as the device scripts keep them."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         return json.load(f)["traceEvents"]
 
 
@@ -233,6 +240,50 @@ def compare(kernels, baseline_kernels, steps, baseline_steps, top):
                 print(f"| {name[:100]} | {here:.1f} | - | - |")
 
 
+def stream_report(kernels, steps, longest):
+    """Per (device, stream): kernels, busy ms, idle gaps between consecutive kernels by size, the longest."""
+    streams = defaultdict(list)
+    for e in kernels:
+        streams[(device_of(e), e.get("tid"))].append(e)
+    start = min(e["ts"] for e in kernels)
+    print("\n| device, stream | kernels/step | busy ms/step | gaps ms/step: < 20 µs | 20 µs-1 ms | >= 1 ms |"
+          "\n| --- | --- | --- | --- | --- | --- |")
+    for key, items in sorted(streams.items(), key=lambda kv: -len(kv[1])):
+        items.sort(key=lambda e: e["ts"])
+        gaps = [(b["ts"] - (a["ts"] + a["dur"]), a, b) for a, b in zip(items, items[1:])]
+        gaps = [g for g in gaps if g[0] > 0]
+        sums = [sum(g for g, _, _ in gaps if lo <= g < hi) / steps / 1e3 for lo, hi in ((0, 20), (20, 1e3), (1e3, 1e18))]
+        print(f"| {key[0]}, {key[1]} | {len(items) / steps:.0f} | {sum(e['dur'] for e in items) / steps / 1e3:.1f} | "
+              f"{sums[0]:.2f} | {sums[1]:.2f} | {sums[2]:.2f} |")
+    for key, items in sorted(streams.items(), key=lambda kv: -len(kv[1]))[:2]:
+        gaps = sorted(((b["ts"] - (a["ts"] + a["dur"]), a, b) for a, b in zip(items, items[1:])), key=lambda g: -g[0])
+        print(f"\n| device {key[0]}, stream {key[1]}: longest gaps | ms | at ms | after | before |\n| --- | --- | --- | --- | --- |")
+        for gap, a, b in gaps[:longest]:
+            print(f"| | {gap / 1e3:.2f} | {(a['ts'] + a['dur'] - start) / 1e3:.1f} | {a['name'][:50]} | {b['name'][:50]} |")
+
+
+def matmul_shapes_report(events, kernels, steps, top):
+    """Matmul kernels summed by the CPU operator that launched them (Kineto's External id links the two) and
+    its input shapes, which the trace holds when it was recorded with input shapes."""
+    ops = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "External id" in args:
+            ops[args["External id"]] = (e["name"], str(args.get("Input Dims", "")))
+    gemm = re.compile(CATEGORIES[1][1], re.I)
+    totals = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        if gemm.search(e["name"]) and not re.search(CATEGORIES[0][1], e["name"], re.I):
+            key = ops.get((e.get("args") or {}).get("External id"), ("(no operator)", ""))
+            totals[key][0] += e["dur"]
+            totals[key][1] += 1
+    if not any(dims for _, dims in totals):
+        print("\n(no input shapes in the trace: record it with tigon-profile-step --shapes)")
+    print(f"\n| matmul operator (top {top}) | input shapes | ms/step | calls/step | mean µs |\n| --- | --- | --- | --- | --- |")
+    for (name, dims), (us, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"| {name} | {dims[:100]} | {us / steps / 1e3:.2f} | {calls / steps:.0f} | {us / calls:.0f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
@@ -244,12 +295,19 @@ def main():
     parser.add_argument("--baseline", help="another trace to compare each device's kernel times with")
     parser.add_argument("--baseline-steps", type=int, default=None, help="profiled steps in the baseline trace")
     parser.add_argument("--summary-json", help="with --per-device: write each device's numbers to this file")
+    parser.add_argument("--streams", action="store_true", help="busy time and idle gaps of each CUDA stream")
+    parser.add_argument("--matmul-shapes", action="store_true",
+                        help="matmul kernel time by operator and input shapes (traces recorded with --shapes)")
     args = parser.parse_args()
     events = load(args.trace)
     kernels = gpu_events(events)
     if not kernels:
         raise SystemExit("no GPU kernels in the trace")
     summarize(kernels, args.steps, args.top)
+    if args.streams:
+        stream_report(kernels, args.steps, min(args.top, 15))
+    if args.matmul_shapes:
+        matmul_shapes_report(events, kernels, args.steps, args.top)
     if args.per_device:
         rows = device_report(events, kernels, args.steps, min(args.top, 15), 1e3 * args.gap_ms)
         mean_us = host_api_report(events, args.steps, min(args.top, 15))

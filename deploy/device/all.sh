@@ -27,7 +27,7 @@ for phase in $PHASES; do
     profile) for spec in ${TIGON_PROFILE_MODELS:-llama3-8b:8:1024 llama3.2-1b:8:2048}; do
         IFS=: read -r model b t <<< "$spec"
         $TIGON_PYTHON -c "import json,sys; sys.path.insert(0,'bench'); from model_configs import MODELS; print(json.dumps(dict(MODELS['$model'], model_type='llama')))" > "$LOGS/$model.json"
-        TAIL_LINES=45 run_phase profile_$model bash -c "$TIGON_BUILD_DIR/bench/tigon-profile-step --config $LOGS/$model.json --batch $b --seq $t --trace $LOGS/trace_$model.json ${TIGON_PROFILE_ARGS:-} && $TIGON_PYTHON bench/analyze_trace.py $LOGS/trace_$model.json --steps 2 && gzip -f $LOGS/trace_$model.json"
+        TAIL_LINES=45 run_phase profile_$model bash -c "$TIGON_BUILD_DIR/bench/tigon-profile-step --config $LOGS/$model.json --batch $b --seq $t --shapes --trace $LOGS/trace_$model.json ${TIGON_PROFILE_ARGS:-} && $TIGON_PYTHON bench/analyze_trace.py $LOGS/trace_$model.json --steps 2 --streams --matmul-shapes && gzip -f $LOGS/trace_$model.json"
       done ;;
     enginetest) run_phase enginetest $TIGON_BUILD_DIR/tests/tigon_engine_tests ;;
     train) run_phase train $TIGON_BUILD_DIR/engine/tigon-train --steps 100 --batch 16 --seq 256 --hidden 256 --layers 4 --precision bf16_mixed ;;
