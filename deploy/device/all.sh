@@ -2,7 +2,7 @@
 # On the GPU machine, in one go: build (keep going past failures), GPU kernel tests, the engine test suite
 # on the GPU, a short training run, and the kernel benchmarks. Prints a summary table last; logs under
 # ${OUT:-out}. Phases can be chosen: all.sh [build] [gputest] [enginetest] [train] [bench] [e2e] (and the
-# others below, e.g. e2e8b_update_blocks: the 8B step with the optimizer updates capped at N blocks).
+# others below, e.g. maxseq8b and profile).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOGS=${OUT:-out}; mkdir -p "$LOGS"
@@ -35,9 +35,6 @@ for phase in $PHASES; do
     hf) run_phase hf_llama1b $TIGON_PYTHON bench/hf_baseline.py --model llama3.2-1b --batch 8 --seq 2048 --out "$LOGS/hf_llama1b.json" ;;
     hf8b) run_phase hf_llama8b $TIGON_PYTHON bench/hf_baseline.py --model llama3-8b --batch 8 --seq 1024 --out "$LOGS/hf_llama8b.json" ;;
     e2e8b) run_phase e2e_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama8b.json" ;;
-    e2e8b_update_blocks) for blocks in ${TIGON_UPDATE_BLOCKS_SWEEP:-0 66 132 264}; do  # 0: no cap
-        run_phase e2e_llama8b_update_blocks_$blocks env TIGON_OPTIMIZER_UPDATE_BLOCKS=$blocks $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused --optimizer-in-backward --out "$LOGS/e2e_llama8b_update_blocks_$blocks.json"
-      done ;;
     e2e) run_phase e2e_llama1b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama1b.json" ;;
   esac
 done

@@ -38,8 +38,8 @@ class DropStoredGradient final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream, int64_t update_blocks)
-    : flat_(flat), use_update_stream_(use_update_stream), update_blocks_(update_blocks) {
+OptimizerInBackward::OptimizerInBackward(FlatParameters* flat, bool use_update_stream)
+    : flat_(flat), use_update_stream_(use_update_stream) {
   auto& views = flat_->views();
   done_.assign(views.size(), false);
   for (size_t k = 0; k < views.size(); ++k) {
@@ -79,7 +79,6 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter it
   // writes is not read again by this backward (see the hook above).
   const bool on_update_stream = use_update_stream_ && grad.is_cuda();
-  if (on_update_stream) options.max_blocks = update_blocks_;
   std::optional<c10::cuda::CUDAStreamGuard> update_stream_guard;
   if (on_update_stream) {
     const auto index = grad.device().index();

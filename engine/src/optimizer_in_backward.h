@@ -26,9 +26,8 @@ namespace tigon::engine {
 class OptimizerInBackward {
  public:
   // Registers a gradient hook on every parameter view of `flat` (inactive until Arm). With
-  // `use_update_stream`, updates of CUDA parameters run on a second stream, overlapped with the backward,
-  // each launched with at most `update_blocks` blocks when that is > 0 (AdamWOptions::max_blocks).
-  OptimizerInBackward(FlatParameters* flat, bool use_update_stream, int64_t update_blocks = 0);
+  // `use_update_stream`, updates of CUDA parameters run on a second stream, overlapped with the backward.
+  OptimizerInBackward(FlatParameters* flat, bool use_update_stream);
 
   // The next backward updates each parameter with `options` (grad_scale included) as its gradient arrives.
   void Arm(const AdamWOptions& options, bool fused);
@@ -59,7 +58,6 @@ class OptimizerInBackward {
   // Fused AdamW: one row of fp64 partial sums of squared gradients per slot, written by the update itself.
   torch::Tensor grad_square_partials_;
   bool use_update_stream_ = false;
-  int64_t update_blocks_ = 0;
   bool update_pending_ = false;
 #ifdef TIGON_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> update_stream_;

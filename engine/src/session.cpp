@@ -66,21 +66,6 @@ bool UseUpdateStream() {
   return value == nullptr || std::string(value) != "0";
 }
 
-// TIGON_OPTIMIZER_UPDATE_BLOCKS=N caps each update on that stream at N CUDA blocks, leaving the other SMs to
-// the backward (unset or 0: every block that fits, which holds every SM until the update is done). For
-// measuring the overlap; the results are the same either way. Anything but an integer >= 0 is ignored.
-int64_t UpdateStreamBlocks() {
-  const char* value = std::getenv("TIGON_OPTIMIZER_UPDATE_BLOCKS");
-  if (value == nullptr || *value == '\0') return 0;
-  char* end = nullptr;
-  const long long blocks = std::strtoll(value, &end, 10);
-  if (*end != '\0' || blocks < 0) {
-    Logf(LogLevel::kWarning, "TIGON_OPTIMIZER_UPDATE_BLOCKS=", value, " is not an integer >= 0; ignored");
-    return 0;
-  }
-  return blocks;
-}
-
 // Status from an exception thrown inside a step.
 Status StatusFromException(const std::exception& e, const torch::Device& device, const char* call) {
   // c10 errors carry a C++ backtrace in what(); users get the message alone.
@@ -113,7 +98,7 @@ class SessionImpl final : public ReplicaSession {
     // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
     flat_ = std::make_unique<FlatParameters>(*model_, precision, /*allocate_grads=*/!options.optimizer_in_backward);
     if (options.optimizer_in_backward)
-      in_backward_ = std::make_unique<OptimizerInBackward>(flat_.get(), UseUpdateStream(), UpdateStreamBlocks());
+      in_backward_ = std::make_unique<OptimizerInBackward>(flat_.get(), UseUpdateStream());
   }
 
   SessionInfo Info() const override {

@@ -117,7 +117,6 @@ LaunchStatus launch(const AdamWParams& a, cudaStream_t stream) {
   const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   if (blocks > resident) blocks = resident;
   if (blocks > kAdamWGradSquarePartials) blocks = kAdamWGradSquarePartials;
-  if (a.max_blocks > 0 && blocks > a.max_blocks) blocks = a.max_blocks;
   if (blocks < 1) blocks = 1;
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
   return static_cast<LaunchStatus>(cudaGetLastError());

@@ -42,7 +42,6 @@ struct AdamWParams {
   // entries in any fixed order is the gradient's squared norm. With the optimizer in backward this
   // replaces a second read of every gradient.
   double* grad_square_partials = nullptr;
-  int64_t max_blocks = 0;  // at most this many blocks (0: as many as are resident on the device at once)
 };
 
 // Entries of AdamWParams::grad_square_partials: at least the blocks the kernel is launched with.

@@ -179,7 +179,6 @@ void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
                 const AdamWOptions& options, torch::Tensor param_copy, torch::Tensor grad_square_partials) {
   CheckBuffers(param, grad, exp_avg, exp_avg_sq, param_copy, grad_square_partials);
   TORCH_CHECK(options.step >= 1, "adamw_step: step is 1-based, got ", options.step);
-  TORCH_CHECK(options.max_blocks >= 0, "adamw_step: max_blocks must be >= 0, got ", options.max_blocks);
   torch::NoGradGuard no_grad;
   if (param.numel() == 0) {
     if (grad_square_partials.defined()) grad_square_partials.zero_();
@@ -211,7 +210,6 @@ void adamw_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
     a.eps = static_cast<float>(s.eps);
     a.grad_scale = static_cast<float>(s.grad_scale);
     if (grad_square_partials.defined()) a.grad_square_partials = grad_square_partials.data_ptr<double>();
-    a.max_blocks = options.max_blocks;
     CheckLaunch(cuda::adamw_step(a, CurrentCudaStream(param.device())), "adamw_step");
     return;
   }

@@ -34,9 +34,6 @@ struct AdamWOptions {
   double weight_decay = 0.0;
   int64_t step = 1;
   double grad_scale = 1.0;  // gradients are multiplied by this before use (normalisation, clipping)
-  // CUDA: launch at most this many blocks (0: as many as the device holds at once). Fewer leave SMs to
-  // kernels of other streams, e.g. the backward's matmuls beside the optimizer in backward's updates.
-  int64_t max_blocks = 0;
 };
 
 }  // namespace tigon

@@ -86,19 +86,6 @@ TEST(OptimizerInBackward, BitIdenticalToTheOrdinaryStepForEveryPrecision) {
   }
 }
 
-// TIGON_OPTIMIZER_UPDATE_BLOCKS caps the CUDA blocks of each update on the update stream (CPU sessions have no
-// such stream): the training stays bit-identical, and a value that is not a positive integer is ignored.
-TEST(OptimizerInBackward, UpdatesCappedToFewBlocksStayBitIdentical) {
-  const SessionOptions options = TinyOptions("bf16");
-  for (const char* blocks : {"3", "not-a-number"}) {
-    ::setenv("TIGON_OPTIMIZER_UPDATE_BLOCKS", blocks, 1);
-    auto plain = Make(options, false);
-    auto in_backward = Make(options, true);
-    ::unsetenv("TIGON_OPTIMIZER_UPDATE_BLOCKS");
-    ExpectSameTraining(*plain, *in_backward, std::string("update_blocks_") + (blocks[0] == '3' ? "3" : "invalid"));
-  }
-}
-
 TEST(OptimizerInBackward, TiedEmbeddingsAndReferenceKernels) {
   // Gemma ties lm_head to the embedding: one gradient summed from two uses, updated once.
   auto gemma = TinyOptions("fp32", "fused", "gemma");

@@ -170,9 +170,6 @@ TEST(AdamWCpu, RejectsBadBuffers) {
   torch::Tensor strided = torch::zeros({20}).slice(0, 0, 20, 2);
   EXPECT_THROW(ops::adamw_step(strided, torch::zeros({10}), m, v, Options(1)), c10::Error);
   EXPECT_THROW(ops::adamw_step(p, torch::zeros({10}), m, v, Options(0)), c10::Error);
-  AdamWOptions negative_blocks = Options(1);
-  negative_blocks.max_blocks = -1;
-  EXPECT_THROW(ops::adamw_step(p, torch::zeros({10}), m, v, negative_blocks), c10::Error);
 }
 
 // The optional squared-gradient partials: they sum to the raw gradient's squared norm (grad_scale not
