@@ -14,10 +14,10 @@ namespace {
 constexpr int kMaxPacksPerThread = 4;       // forward: one row-sized array in registers
 constexpr int kBackwardPacksPerThread = 2;  // backward: three (x, dy, dweight partials)
 constexpr int kMaxThreads = 512;            // __launch_bounds__: leaves 128 registers per thread for the row
-// Partials are [blocks, hidden] fp32: 2 blocks per SM is 4 MiB at hidden 4096 (8 for LayerNorm's two),
-// which keeps one forward + backward of 8192 x 4096 bf16 near TARGETS' 130 MiB; each block runs up to 512
-// threads with one pack each, so two blocks still keep 32 KiB of loads in flight per SM.
-constexpr int kBackwardBlocksPerSm = 2;
+// Partials are [blocks, hidden] fp32: 4 blocks per SM is 8.6 MiB at hidden 4096 on 132 SMs. Blocks of 512
+// threads at 128 registers fit one per SM (the others run after it); the 256-thread, 64-register blocks of
+// rows of 257-512 packs fit four, so one block's loads overlap another's reduction and stores.
+constexpr int kBackwardBlocksPerSm = 4;
 constexpr int kBackwardRows = 2;  // rows in flight per block (registers: 2 x (x, dy) + dweight per pack)
 
 // y for one element: x_hat = h * rstd, w as stored.
@@ -110,8 +110,9 @@ __device__ __forceinline__ void block_reduce_sums(float (&v)[kRows], float* scra
 // kRows rows at a time per block: their loads are in flight together and they share one reduction, so
 // a block pays one memory round trip and one barrier pair per kRows rows (one row at a time left the
 // kernel latency-bound, at 3x its memory floor at hidden 2048).
-template <typename T, typename W, typename O, int kVec, int kPacks, int kRows>
-__global__ void __launch_bounds__(kMaxThreads) rms_norm_backward_kernel(const RMSNormBackwardParams p) {
+// kMinBlocks > 1 caps the registers so that many blocks of kMaxThreads threads share an SM.
+template <typename T, typename W, typename O, int kVec, int kPacks, int kRows, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) rms_norm_backward_kernel(const RMSNormBackwardParams p) {
   __shared__ float scratch[32 * kRows];
   const W* weight = static_cast<const W*>(p.weight);
   const int64_t num_packs = p.hidden / kVec;
@@ -273,11 +274,17 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
                          rows_aligned(p.weight, 0, kVec, sizeof(W));
   const int64_t num_partials = rms_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
-  // One pack per thread (up to 512 threads): as many threads per row as possible, since few blocks run.
-  // Rows of at most one pack per thread keep 4 rows in flight in the registers that 2 packs x 2 rows use.
+  // Rows of 257-512 packs (hidden 4096 in bf16, Llama-3-8B's): 256 threads of two packs, one row at a
+  // time, in at most 64 registers, four blocks per SM (kernel bench 0.177 -> 0.165 ms fwd+bwd at 8192 x
+  // 4096; 9.5 -> 7.8 ms per Llama-3-8B training step, H200). Otherwise one pack per thread (up to 512
+  // threads), as many threads per row as possible, 4 rows in flight in the registers that 2 packs x 2 rows
+  // use; longer rows take two packs per thread.
   if (vectorize) {
-    const int threads = threads_for(p.hidden / kVec, 1, kMaxThreads);
-    if (p.hidden / kVec <= threads) {
+    const int64_t packs = p.hidden / kVec;
+    const int threads = threads_for(packs, 1, kMaxThreads);
+    if (packs > kMaxThreads / 2 && packs <= kMaxThreads) {
+      rms_norm_backward_kernel<T, W, O, kVec, 2, 1, 2><<<grid, kMaxThreads / 2, 0, stream>>>(p);
+    } else if (packs <= threads) {
       rms_norm_backward_kernel<T, W, O, kVec, 1, 2 * kBackwardRows><<<grid, threads, 0, stream>>>(p);
     } else {
       rms_norm_backward_kernel<T, W, O, kVec, kBackwardPacksPerThread, kBackwardRows><<<grid, threads, 0, stream>>>(p);
