@@ -275,7 +275,7 @@ cudaError_t launch_backward(const RMSNormBackwardParams& p, cudaStream_t stream)
   const int64_t num_partials = rms_norm_backward_num_partials(p.rows);
   const dim3 grid(static_cast<unsigned>(num_partials));
   // Rows of 257-512 packs (hidden 4096 in bf16, Llama-3-8B's): 256 threads of two packs, one row at a
-  // time, in at most 64 registers, four blocks per SM (kernel bench 0.177 -> 0.165 ms fwd+bwd at 8192 x
+  // time, in at most 64 registers, four blocks per SM (kernel bench 0.177 -> 0.162 ms fwd+bwd at 8192 x
   // 4096; 9.5 -> 7.8 ms per Llama-3-8B training step, H200). Otherwise one pack per thread (up to 512
   // threads), as many threads per row as possible, 4 rows in flight in the registers that 2 packs x 2 rows
   // use; longer rows take two packs per thread.
