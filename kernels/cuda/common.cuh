@@ -60,37 +60,24 @@ __host__ __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-__device__ __forceinline__ float warp_reduce_sum(float v) {
+// Sums over a warp and over the whole block, for float (norms) and double (gradient norms) alike.
+template <typename T>
+__device__ __forceinline__ T warp_reduce_sum(T v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
 // Sum over the whole block, returned to every thread, in a fixed order (deterministic). blockDim.x must
-// be a multiple of 32; `scratch` is 32 floats of shared memory, reusable right after the call returns.
-__device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
+// be a multiple of 32; `scratch` is 32 T of shared memory, reusable right after the call returns.
+template <typename T>
+__device__ __forceinline__ T block_reduce_sum(T v, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
   v = warp_reduce_sum(v);
   __syncthreads();  // the previous call's readers are done with scratch
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  return warp_reduce_sum(lane < num_warps ? scratch[lane] : 0.f);
-}
-
-// fp64 versions (gradient norms): the same fixed order. `scratch` is 32 doubles of shared memory.
-__device__ __forceinline__ double warp_reduce_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ double block_reduce_sum(double v, double* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-  v = warp_reduce_sum(v);
-  __syncthreads();  // the previous call's readers are done with scratch
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_reduce_sum(lane < num_warps ? scratch[lane] : 0.0);
+  return warp_reduce_sum(lane < num_warps ? scratch[lane] : T(0));
 }
 
 // Second stage of a deterministic two-stage reduction: out[c] = sum_r partials[r, c] over
