@@ -73,7 +73,6 @@ void OptimizerInBackward::Arm(const AdamWOptions& options, bool fused) {
 void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   const torch::Tensor flat_grad = grad.contiguous().view({-1});
-  AdamWOptions options = options_;
 #ifdef TIGON_WITH_CUDA
   // The update is memory-bound and the backward matmuls are compute-bound: run the update on its own
   // stream so it overlaps the rest of the backward. It waits for this gradient only; the parameter it
@@ -91,7 +90,7 @@ void OptimizerInBackward::OnGradient(size_t slot, const torch::Tensor& grad) {
 #endif
   // The fused AdamW sums the gradient's squares in the pass that updates the parameter.
   if (!fused_) squared_norm_.add_(ops::squared_norm(flat_grad));
-  flat_->AdamWStepSlot(slot, flat_grad, options, fused_, GradSquarePartials(slot));
+  flat_->AdamWStepSlot(slot, flat_grad, options_, fused_, GradSquarePartials(slot));
 #ifdef TIGON_WITH_CUDA
   if (on_update_stream) {
     update_stream_guard.reset();
