@@ -36,8 +36,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=32, help="to show the per-step total")
-    ap.add_argument("--warmup", type=int, default=25)
-    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.heads % args.kv_heads:
@@ -75,7 +75,7 @@ def main():
                 continue
             if reference is None:
                 reference = (out.float(), dq.float())
-            ms = triton.testing.do_bench(step, warmup=args.warmup, rep=args.rep)
+            ms = triton.testing.do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
             row.update(ms=ms, tflops=flops / ms / 1e9, step_ms=ms * args.layers,
                        max_diff=max((out.float() - reference[0]).abs().max().item(),
                                     (dq.float() - reference[1]).abs().max().item()))
