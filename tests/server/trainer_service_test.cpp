@@ -10,8 +10,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -42,7 +45,39 @@ struct FakeEngine {
   std::vector<WorldRank> worlds;  // guarded by mu
   std::vector<std::vector<int>> world_devices;  // guarded by mu
   std::string communicator_id;  // guarded by mu
+
+  // A gate that holds every forward and backward pass (after its step_sleep_ms) while closed: tests that
+  // need a pass to be running at some point close it, wait for `running`, act, then open it. No timing
+  // window to miss under a sanitizer's slowdown.
+  void CloseGate() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    gate_closed = true;
+  }
+  void OpenGate() {
+    {
+      std::lock_guard<std::mutex> lock(gate_mu);
+      gate_closed = false;
+    }
+    gate_cv.notify_all();
+  }
+  void PassGate() {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    gate_cv.wait(lock, [this] { return !gate_closed; });
+  }
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool gate_closed = false;  // guarded by gate_mu
 };
+
+// Polls `done` until it holds or `limit` passes; true if it held.
+bool Eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 20s) {
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
 
 class FakeSession : public tigon::Session {
  public:
@@ -137,7 +172,10 @@ class FakeSession : public tigon::Session {
     int seen = engine_->most_running.load();
     while (now > seen && !engine_->most_running.compare_exchange_weak(seen, now)) {
     }
-    if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(engine_->step_sleep_ms.load()));
+    if (sleep) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(engine_->step_sleep_ms.load()));
+      engine_->PassGate();
+    }
     --engine_->running;
     if (engine_->throw_next.exchange(false)) throw std::runtime_error("fake engine exploded");
     {
@@ -207,6 +245,7 @@ class TrainerServiceTest : public testing::Test {
     stub_ = v1::Trainer::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
   }
   void TearDown() override {
+    engine_.OpenGate();  // a test that failed with the gate closed must not hold the shutdown
     if (server_) server_->Shutdown();
     service_.reset();
     std::filesystem::remove_all(root_dir_);
@@ -477,18 +516,19 @@ TEST_F(TrainerServiceTest, BatchTokenLimitIsResourceExhausted) {
 TEST_F(TrainerServiceTest, DeadlinePassingWhileQueuedAppliesNothing) {
   Start();
   const std::string id = Create();
-  engine_.step_sleep_ms = 600;
+  engine_.CloseGate();
   v1::StepResult slow_result;
   grpc::Status slow_status;
   std::thread slow([&] { slow_status = Train(id, &slow_result); });
-  std::this_thread::sleep_for(150ms);  // the slow step holds the session now
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the slow step holds the session";
   v1::StepResult result;
   auto status = Train(id, &result, "queued", 150ms);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  engine_.OpenGate();
   slow.join();
   ASSERT_TRUE(slow_status.ok()) << slow_status.error_message();
-  engine_.step_sleep_ms = 0;
-  std::this_thread::sleep_for(100ms);
+  // The queued call's handler is done once nothing is in flight: it applied nothing.
+  EXPECT_TRUE(Eventually([&] { return service_->calls_in_flight() == 0; }));
   EXPECT_EQ(engine_.updates, 1);
   // The id of the refused call was not remembered: a retry is applied.
   ASSERT_TRUE(Train(id, &result, "queued").ok());
@@ -551,17 +591,26 @@ TEST_F(TrainerServiceTest, EngineErrorsAreMappedAndTheServerKeepsServing) {
 TEST_F(TrainerServiceTest, CloseWaitsForTheRunningStep) {
   Start();
   const std::string id = Create();
-  engine_.step_sleep_ms = 400;
+  engine_.CloseGate();
   v1::StepResult result;
-  grpc::Status step_status;
+  grpc::Status step_status, close_status;
   std::thread step([&] { step_status = Train(id, &result); });
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the step reached the engine";
+  std::atomic<bool> closed{false};
+  std::thread close([&] {
+    grpc::ClientContext ctx;
+    v1::CloseSessionRequest request;
+    request.set_session_id(id);
+    v1::CloseSessionResponse response;
+    close_status = stub_->CloseSession(&ctx, request, &response);
+    closed = true;
+  });
   std::this_thread::sleep_for(100ms);
-  grpc::ClientContext ctx;
-  v1::CloseSessionRequest request;
-  request.set_session_id(id);
-  v1::CloseSessionResponse response;
-  ASSERT_TRUE(stub_->CloseSession(&ctx, request, &response).ok());
+  EXPECT_FALSE(closed) << "the close returned while the step still ran";
+  engine_.OpenGate();
+  close.join();
   step.join();
+  EXPECT_TRUE(close_status.ok()) << close_status.error_message();
   EXPECT_TRUE(step_status.ok());
   EXPECT_EQ(engine_.updates, 1);
   EXPECT_NE(metrics_.Render().find("tigon_active_sessions 0"), std::string::npos);
@@ -953,11 +1002,16 @@ TEST_F(TrainerServiceTest, SessionsBelongToTheirCreatorOrAnAdmin) {
 TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) {
   Start();
   const std::string id = Create();
-  engine_.step_sleep_ms = 500;  // the forward and backward pass
+  // The pass starts within the deadline and is held until the caller has given up.
+  engine_.CloseGate();
   v1::StepResult result;
-  auto status = Train(id, &result, "late", 150ms);
+  grpc::Status status;
+  std::thread late([&] { status = Train(id, &result, "late", 2s); });
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the pass started";
+  late.join();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  std::this_thread::sleep_for(600ms);  // the server finishes the pass it started
+  engine_.OpenGate();
+  EXPECT_TRUE(Eventually([&] { return engine_.discards == 1; })) << "the server finishes the pass it started";
   EXPECT_EQ(engine_.forward_backwards, 1);
   EXPECT_EQ(engine_.discards, 1);
   EXPECT_EQ(engine_.updates, 0);
@@ -979,17 +1033,20 @@ TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) 
   EXPECT_EQ(engine_.updates, 1);
 
   // ForwardBackward alone: its gradients are dropped too when they are the first pending ones.
-  engine_.step_sleep_ms = 500;
+  engine_.CloseGate();
   v1::ForwardBackwardRequest fb;
   fb.set_session_id(id);
   *fb.mutable_batch() = Batch();
-  {
+  std::thread late_fb([&] {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 150ms);
-    EXPECT_EQ(stub_->ForwardBackward(&ctx, fb, &result).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  }
-  std::this_thread::sleep_for(600ms);
-  EXPECT_EQ(engine_.discards, 2);
+    ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+    status = stub_->ForwardBackward(&ctx, fb, &result);
+  });
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the pass started";
+  late_fb.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  engine_.OpenGate();
+  EXPECT_TRUE(Eventually([&] { return engine_.discards == 2; }));
   {
     grpc::ClientContext ctx;
     v1::GetSessionRequest request;
@@ -1009,13 +1066,17 @@ TEST_F(TrainerServiceTest, ARankOfAWorldFinishesAStepWhoseCallerGaveUp) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub_->CreateSession(&ctx, create, &info).ok());
   }
-  engine_.step_sleep_ms = 500;  // the forward and backward pass, past the deadline
+  // The forward and backward pass starts within the deadline and is held until the caller has given up.
+  engine_.CloseGate();
   v1::StepResult result;
-  EXPECT_EQ(Train(info.session_id(), &result, "late", 150ms).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  // The server finishes the step (well after the client gave up; slower under sanitizers).
-  const auto give_up = std::chrono::steady_clock::now() + 20s;
-  while (engine_.updates == 0 && engine_.discards == 0 && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(20ms);
+  grpc::Status status;
+  std::thread late([&] { status = Train(info.session_id(), &result, "late", 2s); });
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the pass started";
+  late.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  engine_.OpenGate();
+  // The server finishes the step after the client gave up.
+  EXPECT_TRUE(Eventually([&] { return engine_.updates > 0 || engine_.discards > 0; }));
   EXPECT_EQ(engine_.discards, 0);
   EXPECT_EQ(engine_.updates, 1);  // applied, as on the other ranks
   // The retry gets the step's result instead of applying it again.
@@ -1087,11 +1148,11 @@ TEST_F(TrainerServiceTest, TwoIdenticalRequestsRacingAreAppliedOnce) {
 TEST_F(TrainerServiceTest, DrainRefusesNewCallsAndWaitsForRunningOnes) {
   Start();
   const std::string id = Create();
-  engine_.step_sleep_ms = 600;
+  engine_.CloseGate();  // the step runs until the drain has been checked
   v1::StepResult result;
   grpc::Status step_status;
   std::thread step([&] { step_status = Train(id, &result); });
-  std::this_thread::sleep_for(150ms);
+  EXPECT_TRUE(Eventually([&] { return engine_.running == 1; })) << "the step reached the engine";
   service_->BeginDrain();
   EXPECT_EQ(service_->calls_in_flight(), 1);
   {
@@ -1102,7 +1163,8 @@ TEST_F(TrainerServiceTest, DrainRefusesNewCallsAndWaitsForRunningOnes) {
     EXPECT_NE(status.error_message().find("shutting down"), std::string::npos);
   }
   EXPECT_FALSE(service_->WaitForCalls(std::chrono::system_clock::now() + 50ms)) << "the step still runs";
-  EXPECT_TRUE(service_->WaitForCalls(std::chrono::system_clock::now() + 5s));
+  engine_.OpenGate();
+  EXPECT_TRUE(service_->WaitForCalls(std::chrono::system_clock::now() + 20s));
   step.join();
   EXPECT_TRUE(step_status.ok()) << step_status.error_message();
   EXPECT_EQ(result.step(), 1);
