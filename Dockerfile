@@ -1,6 +1,6 @@
 # tigon-server on CUDA 13 (H100/H200, sm_90). Build: docker build -t tigon .
 # Run:   docker run --gpus all -p 50051:50051 -p 9464:9464 -v ckpt:/var/lib/tigon tigon
-# The same dependencies and build as DEVICE.md: gRPC/protobuf/spdlog from the distribution, found before
+# The same dependencies and build as deploy/device/README.md: gRPC/protobuf/spdlog from the distribution, found before
 # LibTorch (the pip torch wheel's CMake package); the server never compiles against torch headers.
 ARG CUDA_VERSION=13.0.0
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the loss and optimizer kernels at TARGETS.md's shapes (bf16, one H200):
+"""Benchmark of the loss and optimizer kernels at bench/TARGETS.md's shapes (bf16, one H200):
 
   CrossEntropy on logits 8192 x 128256          forward + backward (gradient w.r.t. the logits)
   Fused linear + CE, h 8192 x 4096, W 128256 x 4096   forward + backward (gradients w.r.t. h and W),

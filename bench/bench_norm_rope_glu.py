@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the norm, RoPE and gated-activation kernels at TARGETS.md's shapes (bf16, one H200):
+"""Benchmark of the norm, RoPE and gated-activation kernels at bench/TARGETS.md's shapes (bf16, one H200):
 
   RMSNorm (Llama casting)    x 8192 x 4096, weight 4096
   add + RMSNorm              x, residual 8192 x 4096 (no TARGETS row; the fused residual add of a decoder)

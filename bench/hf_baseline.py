@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face eager baseline for the end-to-end benchmark (TARGETS.md's method).
+"""Hugging Face eager baseline for the end-to-end benchmark (bench/TARGETS.md's method).
 
 One training step = forward, backward, AdamW (fused=True) with parameters, gradients and AdamW state in
 bf16, random initialisation, random tokens, SDPA attention, no activation checkpointing. Reports tokens/s

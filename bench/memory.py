@@ -1,4 +1,4 @@
-"""Peak device memory of one call, as TARGETS.md measures it for the kernel benchmarks."""
+"""Peak device memory of one call, as bench/TARGETS.md measures it for the kernel benchmarks."""
 import gc
 
 import torch

@@ -1,4 +1,4 @@
-"""Model configurations shared by the end-to-end benchmarks (Llama shapes of TARGETS.md)."""
+"""Model configurations shared by the end-to-end benchmarks (Llama shapes of bench/TARGETS.md)."""
 
 MODELS = {
     # A tiny config to smoke-test the scripts on a CPU machine.

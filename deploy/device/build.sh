@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the whole project on the GPU machine (LibTorch 2.11 + CUDA, sm_90), following DEVICE.md:
+# Builds the whole project on the GPU machine (LibTorch 2.11 + CUDA, sm_90), following deploy/device/README.md:
 # gRPC/protobuf/spdlog come from carried Debian packages, found before Torch.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

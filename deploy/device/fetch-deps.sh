@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a Debian 12 machine with apt: downloads the .deb packages the GPU machine lacks (gRPC, protobuf,
 # spdlog, fmt, nlohmann-json, cpp-httplib, gtest) into .deps/debs, to be carried to a GPU machine that has
-# no package registry. See DEVICE.md-style notes in deploy/device/README.md.
+# no package registry. See deploy/device/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .deps/debs

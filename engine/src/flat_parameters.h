@@ -1,4 +1,4 @@
-// Parameters, gradients and AdamW state in flat buffers (DESIGN.md, Engine): every model parameter becomes
+// Parameters, gradients and AdamW state in flat buffers (docs/ARCHITECTURE.md): every model parameter becomes
 // a view into one flat buffer and its gradient a view into another, so AdamW runs as one kernel over the
 // buffer and gradients can be all-reduced in large buckets.
 //

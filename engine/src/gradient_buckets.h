@@ -1,5 +1,5 @@
 // Buckets over a replica's flat gradient buffer, started as soon as backward has finished every gradient
-// in them (DESIGN.md, Engine): a post-hook on each parameter's gradient accumulator counts the finished
+// in them (engine/DATA_PARALLEL.md): a post-hook on each parameter's gradient accumulator counts the finished
 // parameters of its bucket, and a bucket whose count reaches zero is launched — in a fixed launch order, so
 // that every replica starts the same collectives in the same sequence.
 #pragma once

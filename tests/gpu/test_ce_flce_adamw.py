@@ -188,7 +188,7 @@ def test_ce_out_of_range_target_gives_nan_loss():
 
 
 def test_ce_extra_memory_is_negligible():
-    """Goal (TARGETS.md): <= 1 MiB above the resident logits for forward + backward."""
+    """Goal (bench/TARGETS.md): <= 1 MiB above the resident logits for forward + backward."""
     logits, target, _ = make_ce_inputs(4096, 128256, torch.bfloat16, 8)
     x = logits.requires_grad_(True)
     torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""DESIGN.md's torch/no-torch split (DEVICE.md, trap 1): no server translation unit includes torch, models/
+"""The torch/no-torch split (docs/ARCHITECTURE.md): no server translation unit includes torch, models/
 or kernels/ headers or sees torch's include directories."""
 import glob
 import json

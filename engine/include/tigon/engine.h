@@ -1,6 +1,6 @@
 // Tigon's engine: sessions that hold a model replica, its optimizer state and a step counter, and run
 // forward, backward and AdamW steps. This header is the whole contract with the server: it has no torch
-// types, so that the server never compiles against torch's headers (see DESIGN.md).
+// types, so that the server never compiles against torch's headers (see docs/ARCHITECTURE.md).
 //
 // Errors are values: every call returns a Status; torch and CUDA exceptions are caught inside the engine.
 // A call that fails leaves the session as it was before the call.
