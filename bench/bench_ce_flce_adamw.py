@@ -17,24 +17,14 @@ import argparse
 import gc
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
+from device import BF16_FLOPS_PER_S, HBM_BYTES_PER_S, load_tigon
 from memory import MIB, peak_mib
 
-HBM_BYTES_PER_S = 4.3e12
-BF16_FLOPS_PER_S = 790e12
-
-
-def load_tigon():
-    lib = os.environ.get("TIGON_KERNELS_LIB")
-    if not lib:
-        sys.exit("set TIGON_KERNELS_LIB to the CUDA build's libtigon_kernels.so")
-    torch.ops.load_library(lib)
-    return torch.ops.tigon
 
 
 def bench_ms(fn, grad_to_none=(), warmup=50, rep=400):

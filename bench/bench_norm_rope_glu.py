@@ -20,25 +20,16 @@ import argparse
 import gc
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
+from device import HBM_BYTES_PER_S, load_tigon
 from memory import MIB, peak_mib
 
-HBM_BYTES_PER_S = 4.3e12
 DEV = torch.device("cuda")
 DTYPE = torch.bfloat16
-
-
-def load_tigon():
-    lib = os.environ.get("TIGON_KERNELS_LIB")
-    if not lib:
-        sys.exit("set TIGON_KERNELS_LIB to the CUDA build's libtigon_kernels.so")
-    torch.ops.load_library(lib)
-    return torch.ops.tigon
 
 
 def floor_ms(nbytes):

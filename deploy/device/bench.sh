@@ -2,10 +2,7 @@
 # On the GPU machine: builds and runs the kernel benchmarks; JSON and logs go to ${OUT:-out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-LOGS=${OUT:-out}; mkdir -p "$LOGS"
-bash deploy/device/build.sh > "$LOGS/build.log" 2>&1 || { tail -60 "$LOGS/build.log"; exit 1; }
-source deploy/device/env.sh
-export TIGON_KERNELS_LIB=$PWD/$TIGON_BUILD_DIR/kernels/libtigon_kernels.so
+source deploy/device/prelude.sh
 status=0
 for script in bench/bench_*.py; do
   name=$(basename "$script" .py)

@@ -3,10 +3,7 @@
 # gtest suites against LibTorch 2.11. Logs go to ${OUT:-out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-LOGS=${OUT:-out}; mkdir -p "$LOGS"
-bash deploy/device/build.sh > "$LOGS/build.log" 2>&1 || { tail -60 "$LOGS/build.log"; exit 1; }
-source deploy/device/env.sh
-export TIGON_KERNELS_LIB=$PWD/$TIGON_BUILD_DIR/kernels/libtigon_kernels.so
+source deploy/device/prelude.sh
 status=0
 echo "== GPU kernel tests"
 $TIGON_PYTHON -m pytest -q -x tests/gpu 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 || status=1
