@@ -5,7 +5,9 @@
 
 Text is tokenised as UTF-8 bytes (a vocabulary of 256, which the default model has); --ids reads
 pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Without either it trains on
-generated sentences ("three plus four is seven."), so the demo needs no data. Batches are windows of
+generated sentences ("three plus four is seven."), so the demo needs no data. A --model with a vocabulary
+of its own (a tokenizer file in its folder, or more than 384 ids) would learn noise from bytes: text is
+refused for it unless --byte-tokens says bytes are meant; tokenise with the model's tokenizer and pass --ids. Batches are windows of
 seq_len tokens at seeded random offsets; labels are the inputs shifted by one. With several --kernels
 choices the same run (same seed, same batches) is repeated for each, and a comparison is printed.
 """
@@ -61,6 +63,59 @@ def load_tokens(args):
         return [int(x) for x in f.read().split()]
 
 
+# A byte-level vocabulary: the 256 byte values and at most 128 special or sentinel ids (ByT5 has 384).
+BYTE_VOCABULARY_MAX = 256 + 128
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
+# --kernels: one run per choice the server takes, plus the CLI's own shorthands.
+KERNEL_CHOICES = ("fused", "reference")
+KERNEL_SHORTHANDS = {"both": KERNEL_CHOICES}
+
+
+def kernel_runs(value, gpu_server):
+    """The --kernels value as the list of runs: 'auto' (both on a GPU server, fused on a CPU one), 'both',
+    or a comma-separated list of fused/reference."""
+    if value == "auto":
+        return list(KERNEL_CHOICES) if gpu_server else ["fused"]
+    runs = []
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        runs.extend(KERNEL_SHORTHANDS.get(part, (part,)))
+    unknown = [k for k in runs if k not in KERNEL_CHOICES]
+    if unknown or not runs:
+        raise SystemExit(f"finetune: --kernels {value!r}: expected auto, {', '.join(KERNEL_SHORTHANDS)} or a "
+                         f"comma-separated list of {', '.join(KERNEL_CHOICES)}")
+    return runs
+
+
+def model_vocabulary(model):
+    """(vocab_size or None, the tokenizer files found) of --model: a config dict or a local folder."""
+    if isinstance(model, dict):
+        return model.get("vocab_size"), []
+    if not os.path.isdir(model):
+        return None, []  # a folder on the server's machine: its vocabulary is known once the session exists
+    tokenizers = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(model, f))]
+    vocab = None
+    config = os.path.join(model, "config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            vocab = json.load(f).get("vocab_size")
+    return vocab, tokenizers
+
+
+def check_byte_tokens(args, vocab, tokenizers):
+    """Refuses to train a model that has its own vocabulary on UTF-8 bytes unless --byte-tokens asks for it."""
+    if args.ids or args.byte_tokens:
+        return
+    reason = None
+    if tokenizers:
+        reason = f"its folder has a tokenizer ({', '.join(tokenizers)})"
+    elif vocab is not None and vocab > BYTE_VOCABULARY_MAX:
+        reason = f"its vocabulary has {vocab:,} ids, not bytes"
+    if reason:
+        what = f"--text {args.text}" if args.text else "the generated sentences"
+        raise SystemExit(f"finetune: {what} would be fed to the model as UTF-8 bytes, but {reason}: tokenise the "
+                         "text with the model's tokenizer and pass --ids, or pass --byte-tokens to train on bytes")
+
+
 def make_batches(tokens, batch, seq_len, steps, seed):
     if len(tokens) <= seq_len:
         raise SystemExit(f"finetune: the data has {len(tokens)} tokens; seq_len {seq_len} needs more")
@@ -96,7 +151,7 @@ class Progress:
             self.next_report = done + max(1, self.total // 10)
 
 
-def train(client, model, kernels, batches, args):
+def train(client, model, kernels, batches, args, save_path=None):
     losses, client_seconds, tokens = [], 0.0, 0
     peak = 0
     progress = Progress(len(batches), f"{kernels:>9}")
@@ -105,6 +160,7 @@ def train(client, model, kernels, batches, args):
                                optimizer=dict(lr=args.lr, weight_decay=args.weight_decay,
                                               max_grad_norm=args.max_grad_norm)) as session:
         info = session.info_at_creation
+        check_byte_tokens(args, info.vocab_size, [])  # a model folder on the server's machine is known only now
         for i, batch in enumerate(batches):
             start = time.perf_counter()
             result = session.train_step(batch)
@@ -115,7 +171,7 @@ def train(client, model, kernels, batches, args):
             losses.append(result.loss)
             smoothed = result.loss if smoothed is None else 0.9 * smoothed + 0.1 * result.loss
             progress.update(i + 1, smoothed, tokens / client_seconds)
-        saved = session.save(args.save) if args.save else None
+        saved = session.save(save_path) if save_path else None
     k = max(1, min(10, len(losses) // 5))
     return dict(kernels=kernels, model_family=info.model_family, parameters=info.parameter_count,
                 fused_ops=info.fused_ops, steps=len(losses), first_loss=sum(losses[:k]) / k,
@@ -124,9 +180,12 @@ def train(client, model, kernels, batches, args):
                 checkpoint=saved.path if saved else None, losses=losses)
 
 
-def start_local_server(binary, log_path):
+def start_local_server(binary, log_path, checkpoint_root=None):
     log = open(log_path, "ab")
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--metrics-listen=off"],
+    flags = ["--listen=127.0.0.1:0", "--metrics-listen=off"]
+    if checkpoint_root:
+        flags.append(f"--checkpoint-root={checkpoint_root}")
+    proc = subprocess.Popen([binary, *flags],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     for line in proc.stdout:
         m = re.match(r"tigon-server listening on (\S+)", line)
@@ -147,7 +206,8 @@ def print_summary(runs, stream=sys.stdout):
     print(f"  model {r['model_family']}, {r['parameters']:,} parameters; fused ops: "
           f"{', '.join(r['fused_ops']) or 'none'}", file=stream)
     if r["checkpoint"]:
-        print(f"  checkpoint saved at '{r['checkpoint']}' under the server's checkpoint root", file=stream)
+        where = "" if os.path.isabs(r["checkpoint"]) else " under the server's checkpoint root"
+        print(f"  checkpoint saved at '{r['checkpoint']}'{where}", file=stream)
     by = {x["kernels"]: x for x in runs}
     if "fused" in by and "reference" in by:
         f, ref = by["fused"], by["reference"]
@@ -172,6 +232,8 @@ def main(argv=None):
     data = ap.add_mutually_exclusive_group()
     data.add_argument("--text", help="a text file, tokenised as UTF-8 bytes (default: generated sentences)")
     data.add_argument("--ids", help="pre-tokenised ids: whitespace-separated integers or a .npy file")
+    ap.add_argument("--byte-tokens", action="store_true",
+                    help="train a --model that has its own vocabulary on UTF-8 bytes anyway (refused otherwise)")
     ap.add_argument("--model", help="a Hugging Face config.json or model folder (default: a small byte-level model)")
     ap.add_argument("--family", default="llama", help="model_type of the default model (default llama)")
     ap.add_argument("--hidden", type=int, default=64)
@@ -186,9 +248,13 @@ def main(argv=None):
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--precision", default="auto", help="fp32, bf16, bf16_mixed, or auto: bf16 on a GPU, fp32 on a CPU")
     ap.add_argument("--kernels", default="auto",
-                    help="fused, reference, both (fused,reference), or auto: both on a GPU server, fused on a CPU one")
+                    help=f"{', '.join(KERNEL_CHOICES)}, a comma-separated list of them, both "
+                         f"({','.join(KERNEL_CHOICES)}), or auto: both on a GPU server, fused on a CPU one")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--save", help="checkpoint path (inside the server's --checkpoint-root) written at the end")
+    ap.add_argument("--save", help="checkpoint written at the end: a path inside the server's --checkpoint-root; "
+                                   "with --server-bin, a local folder")
+    ap.add_argument("--checkpoint-root", help="with --server-bin: the started server's --checkpoint-root "
+                                              "(default: the folder that holds --save)")
     ap.add_argument("--json", help="write the summary (with every step's loss) to this file")
     args = ap.parse_args(argv)
 
@@ -197,9 +263,20 @@ def main(argv=None):
         # The first entry's token (a line may be 'TOKEN' or 'TOKEN ROLE NAME', as in the server's file).
         with open(args.token_file) as f:
             token = next((line.split()[0] for line in f if line.strip() and not line.strip().startswith("#")), None)
+    if args.checkpoint_root and not args.server_bin:
+        ap.error("--checkpoint-root is for the server that --server-bin starts")
     proc = None
+    save_path = args.save
     if args.server_bin:
-        proc, address = start_local_server(args.server_bin, os.environ.get("TIGON_SERVER_LOG", os.path.join(tempfile.gettempdir(), "tigon-server.log")))
+        checkpoint_root = None
+        if args.save:
+            save_path = os.path.abspath(args.save)
+            checkpoint_root = os.path.abspath(args.checkpoint_root or os.path.dirname(save_path))
+            if os.path.commonpath([checkpoint_root, save_path]) != checkpoint_root:
+                ap.error(f"--save {args.save} is not inside --checkpoint-root {args.checkpoint_root}")
+            os.makedirs(checkpoint_root, exist_ok=True)
+        log_path = os.environ.get("TIGON_SERVER_LOG", os.path.join(tempfile.gettempdir(), "tigon-server.log"))
+        proc, address = start_local_server(args.server_bin, log_path, checkpoint_root)
     else:
         address = args.server
     try:
@@ -209,8 +286,10 @@ def main(argv=None):
         server = client.server_info()
         if args.precision == "auto":
             args.precision = "bf16" if server.devices else "fp32"
-        if args.kernels == "auto":
-            args.kernels = "fused,reference" if server.devices else "fused"
+        runs_kernels = kernel_runs(args.kernels, bool(server.devices))
+        if args.save and not server.checkpoints_enabled:
+            raise SystemExit(f"finetune: --save needs a server with --checkpoint-root; the one at {address} has "
+                             "checkpoints disabled")
         if args.model:
             model = args.model
             if os.path.isfile(args.model):
@@ -218,8 +297,9 @@ def main(argv=None):
                     model = json.load(f)
         else:
             model = default_config(args)
+        vocab, tokenizers = model_vocabulary(model)
+        check_byte_tokens(args, vocab, tokenizers)
         tokens = load_tokens(args)
-        vocab = model.get("vocab_size") if isinstance(model, dict) else None
         if vocab is not None and tokens and max(tokens) >= vocab:
             raise SystemExit(f"finetune: token id {max(tokens)} is outside the model's vocabulary of {vocab}")
         batches = make_batches(tokens, args.batch_size, args.seq_len, args.steps, args.seed)
@@ -228,14 +308,17 @@ def main(argv=None):
               f"{args.steps} steps of {args.batch_size} x {args.seq_len}; precision {args.precision}",
               file=sys.stderr)
         runs = []
-        for kernels in [k.strip() for k in args.kernels.split(",") if k.strip()]:
-            runs.append(train(client, model, kernels, batches, args))
+        for kernels in runs_kernels:
+            runs.append(train(client, model, kernels, batches, args, save_path))
     except tigon.TigonError as e:
         raise SystemExit(f"finetune: {e}")
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(60)
+    if args.server_bin and args.save:
+        for r in runs:  # the started server is gone: name the checkpoint by its local folder
+            r["checkpoint"] = os.path.join(checkpoint_root, r["checkpoint"])
     print_summary(runs)
     if args.json:
         with open(args.json, "w") as f:
