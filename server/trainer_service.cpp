@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 #include <system_error>
+#include <type_traits>
 
+#include "server/proto_convert.h"
 #include "server/status_map.h"
 #include "server/validation.h"
 
@@ -19,19 +19,6 @@ using Clock = std::chrono::steady_clock;
 grpc::Status Error(grpc::StatusCode code, const std::string& message) { return grpc::Status(code, message); }
 
 double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-void ToProto(const tigon::StepStats& stats, v1::StepResult* out) {
-  out->set_step(stats.step);
-  out->set_loss(stats.loss);
-  out->set_tokens(stats.tokens);
-  out->set_grad_norm(stats.grad_norm);
-  out->set_lr(stats.lr);
-  out->set_wall_seconds(stats.wall_seconds);
-  out->set_tokens_per_second(stats.tokens_per_second);
-  out->set_peak_allocated_bytes(stats.peak_allocated_bytes);
-  out->set_peak_reserved_bytes(stats.peak_reserved_bytes);
-  out->set_accumulated_batches(stats.accumulated_batches);
-}
 
 // A TrainStep's statistics from its ForwardBackward (`stats`) and OptimStep (`optim`) parts, as the
 // engine's TrainStep reports them.
@@ -69,7 +56,7 @@ TrainerService::TrainerService(ServiceConfig config, EngineApi engine, TokenAuth
       checkpoints_(std::move(checkpoints)),
       metrics_(metrics),
       started_(Clock::now()),
-      id_rng_(std::random_device{}()) {
+      sessions_(config_.max_sessions) {
   if (config_.session_idle_timeout_seconds > 0) {
     reaper_ = std::thread([this] {
       // Checks a few times per timeout, at most every 5 s.
@@ -94,59 +81,18 @@ TrainerService::~TrainerService() {
   CloseAllSessions();
 }
 
-namespace {
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
-int TrainerService::CloseIdleSessions() {
-  if (config_.session_idle_timeout_seconds <= 0) return 0;
-  const int64_t limit_ns = static_cast<int64_t>(config_.session_idle_timeout_seconds * 1e9);
-  std::vector<std::shared_ptr<SessionEntry>> candidates;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
-    for (const auto& [id, entry] : sessions_) {
-      if (NowNs() - entry->last_used_ns.load() > limit_ns) candidates.push_back(entry);
-    }
-  }
-  int closed = 0;
-  for (const auto& entry : candidates) {
-    std::unique_lock<std::timed_mutex> step_lock(entry->step_mu, std::try_to_lock);
-    if (!step_lock.owns_lock() || entry->closed) continue;           // in a step: not idle
-    if (NowNs() - entry->last_used_ns.load() <= limit_ns) continue;  // used meanwhile
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      sessions_.erase(entry->id);
-    }
-    entry->closed = true;
-    entry->session.reset();
-    if (metrics_ != nullptr) metrics_->SessionClosed(entry->id);
-    spdlog::info("session {} closed after {:.0f} s without a call (--session-idle-timeout)", entry->id,
-                 config_.session_idle_timeout_seconds);
-    ++closed;
-  }
-  return closed;
-}
+// ---- the calls' common parts ----------------------------------------------------------------------
 
 grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx,
                                     const std::function<grpc::Status(const Caller&)>& body) {
   const auto start = Clock::now();
-  grpc::Status status;
-  {
-    std::lock_guard<std::mutex> lock(calls_mu_);
-    if (draining_) {
-      status = Error(grpc::StatusCode::UNAVAILABLE, "the server is shutting down and takes no new calls");
-    } else {
-      ++calls_in_flight_;
-    }
-  }
-  const bool admitted = status.ok();
+  const bool admitted = calls_.Enter();
   ScopeExit done([this, admitted] {
-    if (!admitted) return;
-    std::lock_guard<std::mutex> lock(calls_mu_);
-    if (--calls_in_flight_ == 0) calls_done_.notify_all();
+    if (admitted) calls_.Leave();
   });
+  grpc::Status status =
+      admitted ? grpc::Status::OK
+               : Error(grpc::StatusCode::UNAVAILABLE, "the server is shutting down and takes no new calls");
   Caller caller;
   if (status.ok()) status = auth_.Authenticate(ctx->client_metadata(), &caller);
   if (status.ok()) {
@@ -170,40 +116,91 @@ grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx
   return status;
 }
 
-std::shared_ptr<TrainerService::SessionEntry> TrainerService::Find(const std::string& session_id,
-                                                                   const Caller& caller, grpc::Status* status) const {
-  if (session_id.empty()) {
-    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty");
-    return nullptr;
-  }
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    *status = Error(grpc::StatusCode::NOT_FOUND, "no session '" + session_id + "' on this server");
-    return nullptr;
-  }
-  if (!MayUseSession(caller, it->second->owner)) {
-    *status = Error(grpc::StatusCode::PERMISSION_DENIED,
-                    "session '" + session_id + "' belongs to another client; its calls need the token of the "
-                    "client that created it or an admin token");
-    return nullptr;
-  }
-  return it->second;
+template <typename Response>
+grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const SessionCall<Response>& call,
+                                            Response* response) {
+  return Handle(call.method, ctx, [&](const Caller& caller) -> grpc::Status {
+    grpc::Status status;
+    std::shared_ptr<SessionEntry> entry = sessions_.Find(*call.session_id, caller, &status);
+    if (entry == nullptr) return status;  // the session's access before anything about the request
+    if (call.check) {
+      status = call.check(*entry);
+      if (!status.ok()) return status;
+    }
+    if (call.lock == Lock::kNone) return call.execute(*entry, response);
+    std::unique_lock<std::timed_mutex> lock;
+    status = Acquire(ctx, *entry, &lock);
+    if (!status.ok()) return status;
+    if constexpr (std::is_same_v<Response, v1::StepResult>) {
+      if (call.request_id != nullptr && Replay(*entry, *call.request_id, call.method, response, &status)) return status;
+    }
+    status = call.execute(*entry, response);
+    entry->RefreshInfo();
+    if constexpr (std::is_same_v<Response, v1::StepResult>) {
+      if (status.ok() && call.request_id != nullptr) entry->request_cache.Insert(*call.request_id, call.method, *response);
+    }
+    return status;
+  });
 }
 
-void TrainerService::BeginDrain() {
-  std::lock_guard<std::mutex> lock(calls_mu_);
-  draining_ = true;
+grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, SessionEntry& entry,
+                                     std::unique_lock<std::timed_mutex>* lock) {
+  const auto deadline = ctx->deadline();
+  std::unique_lock<std::timed_mutex> step_lock(entry.step_mu, std::defer_lock);
+  if (deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    step_lock.lock();  // no deadline (or one too far away to matter)
+  } else if (!step_lock.try_lock_until(deadline)) {
+    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                 "the deadline passed while the call waited for the previous step of session '" + entry.id +
+                     "'; nothing was applied");
+  }
+  if (entry.closed) {
+    return Error(grpc::StatusCode::NOT_FOUND, "session '" + entry.id + "' was closed");
+  }
+  if (std::chrono::system_clock::now() >= deadline) {
+    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                 "the deadline passed before the step started; nothing was applied");
+  }
+  if (ctx->IsCancelled()) {
+    return Error(grpc::StatusCode::CANCELLED, "the call was cancelled before the step started; nothing was applied");
+  }
+  entry.Touch();
+  *lock = std::move(step_lock);
+  return grpc::Status::OK;
 }
 
-bool TrainerService::WaitForCalls(std::chrono::system_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(calls_mu_);
-  return calls_done_.wait_until(lock, deadline, [this] { return calls_in_flight_ == 0; });
+bool TrainerService::Replay(SessionEntry& entry, const std::string& request_id, const char* method,
+                            v1::StepResult* response, grpc::Status* status) {
+  const RequestCache::Entry* hit = entry.request_cache.Find(request_id);
+  if (hit == nullptr) return false;
+  if (hit->method != method) {
+    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id '" + request_id + "' was already used by a " +
+                                                            hit->method + " call on this session");
+  } else {
+    *response = hit->result;
+    response->set_replayed(true);
+    *status = grpc::Status::OK;
+  }
+  return true;
 }
 
-int64_t TrainerService::calls_in_flight() const {
-  std::lock_guard<std::mutex> lock(calls_mu_);
-  return calls_in_flight_;
+grpc::Status TrainerService::CheckBatch(const SessionEntry& entry, bool has_batch, const v1::Batch& batch,
+                                        tigon::Batch* out) const {
+  if (!has_batch) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
+  grpc::Status status =
+      ValidateBatch(batch, {entry.vocab_size, entry.max_position_embeddings, config_.max_batch_tokens});
+  if (!status.ok()) return status;
+  *out = ToEngineBatch(batch);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::FinishStep(const SessionEntry& entry, const char* method,
+                                        const tigon::Status& engine_status, const tigon::StepStats& stats,
+                                        v1::StepResult* response) {
+  if (!engine_status.ok()) return FromEngine(engine_status, entry);
+  ToProto(stats, response);
+  if (metrics_ != nullptr) metrics_->RecordStep(entry.id, entry.model_family, method, stats);
+  return grpc::Status::OK;
 }
 
 grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method) {
@@ -218,7 +215,7 @@ grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, Session
     return grpc::Status::OK;
   }
   tigon::Status dropped = entry->session->DiscardGradients();
-  RefreshInfo(entry);
+  entry->RefreshInfo();
   if (!dropped.ok()) {
     // The gradients stay: finishing the step keeps the session consistent, and a retry with the same
     // request_id gets its result.
@@ -233,46 +230,7 @@ grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, Session
                       "the call was cancelled during the forward and backward pass; the step was not applied");
 }
 
-grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, const std::string& session_id, const Caller& caller,
-                                     std::shared_ptr<SessionEntry>* entry, std::unique_lock<std::timed_mutex>* lock) {
-  grpc::Status status;
-  *entry = Find(session_id, caller, &status);
-  if (*entry == nullptr) return status;
-  const auto deadline = ctx->deadline();
-  std::unique_lock<std::timed_mutex> step_lock((*entry)->step_mu, std::defer_lock);
-  if (deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    step_lock.lock();  // no deadline (or one too far away to matter)
-  } else if (!step_lock.try_lock_until(deadline)) {
-    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                 "the deadline passed while the call waited for the previous step of session '" + session_id +
-                     "'; nothing was applied");
-  }
-  if ((*entry)->closed) {
-    return Error(grpc::StatusCode::NOT_FOUND, "session '" + session_id + "' was closed");
-  }
-  if (std::chrono::system_clock::now() >= deadline) {
-    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                 "the deadline passed before the step started; nothing was applied");
-  }
-  if (ctx->IsCancelled()) {
-    return Error(grpc::StatusCode::CANCELLED, "the call was cancelled before the step started; nothing was applied");
-  }
-  (*entry)->last_used_ns = NowNs();
-  *lock = std::move(step_lock);
-  return grpc::Status::OK;
-}
-
-int64_t TrainerService::PendingBatches(const SessionEntry& entry) {
-  std::lock_guard<std::mutex> lock(entry.info_mu);
-  return entry.info.accumulated_batches;
-}
-
-void TrainerService::RefreshInfo(SessionEntry* entry) {
-  entry->last_used_ns = NowNs();  // idle time counts from the end of the last call
-  tigon::SessionInfo info = entry->session->Info();
-  std::lock_guard<std::mutex> lock(entry->info_mu);
-  entry->info = std::move(info);
-}
+int64_t TrainerService::PendingBatches(const SessionEntry& entry) { return entry.InfoSnapshot().accumulated_batches; }
 
 grpc::Status TrainerService::FromEngine(const tigon::Status& status, const SessionEntry& entry) {
   if (status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
@@ -281,86 +239,46 @@ grpc::Status TrainerService::FromEngine(const tigon::Status& status, const Sessi
   return ToGrpcStatus(status);
 }
 
-void TrainerService::ToProto(const SessionEntry& entry, v1::SessionInfo* out) const {
-  tigon::SessionInfo info;
-  {
-    std::lock_guard<std::mutex> lock(entry.info_mu);
-    info = entry.info;
-  }
-  out->set_session_id(entry.id);
-  out->set_model_family(info.model_family);
-  out->set_precision(info.precision);
-  out->set_parameter_count(info.parameter_count);
-  out->set_vocab_size(info.vocab_size);
-  out->set_max_position_embeddings(info.max_position_embeddings);
-  for (const auto& op : info.ops) {
-    auto* selection = out->add_ops();
-    selection->set_op(op.op);
-    selection->set_choice(op.choice);
-    if (op.choice == "fused") out->add_fused_ops(op.op);
-  }
-  for (int device : info.devices) out->add_devices(device);
-  out->set_step(info.step);
-  out->set_accumulated_batches(info.accumulated_batches);
-  auto* optimizer = out->mutable_optimizer();
-  optimizer->set_lr(info.optimizer.lr);
-  optimizer->set_beta1(info.optimizer.beta1);
-  optimizer->set_beta2(info.optimizer.beta2);
-  optimizer->set_eps(info.optimizer.eps);
-  optimizer->set_weight_decay(info.optimizer.weight_decay);
-  optimizer->set_max_grad_norm(info.optimizer.max_grad_norm);
-  out->set_seed(info.seed);
-  out->set_optimizer_in_backward(info.optimizer_in_backward);
-  out->set_world_size(entry.world.world_size);
-  out->set_rank(entry.world.rank);
+// ---- the registry ---------------------------------------------------------------------------------
+
+void TrainerService::CloseEntry(SessionEntry& entry, const std::string& why) {
+  entry.Close();
+  if (metrics_ != nullptr) metrics_->SessionClosed(entry.id);
+  spdlog::info("session {} closed{}", entry.id, why);
 }
 
-std::string TrainerService::NewSessionId() {
-  for (;;) {
-    std::ostringstream out;
-    out << "s-" << std::hex << std::setw(16) << std::setfill('0') << id_rng_();
-    if (sessions_.count(out.str()) == 0) return out.str();
+int TrainerService::CloseIdleSessions() {
+  if (config_.session_idle_timeout_seconds <= 0) return 0;
+  const int64_t limit_ns = static_cast<int64_t>(config_.session_idle_timeout_seconds * 1e9);
+  int closed = 0;
+  for (const auto& entry : sessions_.IdleLongerThan(limit_ns)) {
+    std::unique_lock<std::timed_mutex> step_lock(entry->step_mu, std::try_to_lock);
+    if (!step_lock.owns_lock() || entry->closed) continue;                // in a step: not idle
+    if (SteadyNowNs() - entry->last_used_ns.load() <= limit_ns) continue;  // used meanwhile
+    sessions_.Remove(entry->id);
+    CloseEntry(*entry, fmt::format(" after {:.0f} s without a call (--session-idle-timeout)",
+                                   config_.session_idle_timeout_seconds));
+    ++closed;
   }
-}
-
-int64_t TrainerService::active_sessions() const {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  return static_cast<int64_t>(sessions_.size());
+  return closed;
 }
 
 void TrainerService::CloseAllSessions() {
-  std::map<std::string, std::shared_ptr<SessionEntry>> sessions;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
-    sessions.swap(sessions_);
-  }
-  for (auto& [id, entry] : sessions) {
+  for (auto& [id, entry] : sessions_.TakeAll()) {
     std::lock_guard<std::timed_mutex> step_lock(entry->step_mu);
-    entry->closed = true;
-    entry->session.reset();
-    if (metrics_ != nullptr) metrics_->SessionClosed(id);
-    spdlog::info("session {} closed at shutdown", id);
+    CloseEntry(*entry, " at shutdown");
   }
 }
 
-grpc::Status TrainerService::ReserveSessionSlot() {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  const int64_t in_use = static_cast<int64_t>(sessions_.size()) + sessions_being_created_;
-  if (in_use >= config_.max_sessions) {
-    return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                 "server limit: " + std::to_string(in_use) +
-                     " sessions are open or being created, the most this server allows "
-                     "(--max-sessions=" +
-                     std::to_string(config_.max_sessions) + "); close a session first");
-  }
-  ++sessions_being_created_;
-  return grpc::Status::OK;
+int64_t TrainerService::active_sessions() const { return sessions_.size(); }
+
+void TrainerService::BeginDrain() { calls_.BeginDrain(); }
+
+bool TrainerService::WaitForCalls(std::chrono::system_clock::time_point deadline) {
+  return calls_.WaitForCalls(deadline);
 }
 
-void TrainerService::ReleaseSessionSlot() {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  --sessions_being_created_;
-}
+int64_t TrainerService::calls_in_flight() const { return calls_.in_flight(); }
 
 // ---- sessions -------------------------------------------------------------------------------------
 
@@ -376,9 +294,9 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     status = ValidateWorldRank(*request, device_count, &world);
     if (!status.ok()) return status;
     if (world.world_size > 0 && options.devices.empty()) options.devices = {0};
-    status = ReserveSessionSlot();
+    SessionRegistry::Slot slot;
+    status = sessions_.Reserve(&slot);
     if (!status.ok()) return status;
-    ScopeExit release([this] { ReleaseSessionSlot(); });
     if (std::chrono::system_clock::now() >= ctx->deadline()) {
       return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the session was created");
     }
@@ -407,263 +325,168 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     auto entry = std::make_shared<SessionEntry>();
     entry->owner = caller.name;
     entry->session = std::move(session);
-    RefreshInfo(entry.get());
+    entry->RefreshInfo();
     entry->vocab_size = entry->info.vocab_size;
     entry->max_position_embeddings = entry->info.max_position_embeddings;
     entry->model_family = entry->info.model_family;
     entry->options = options;
     entry->world = world;
-    entry->last_used_ns = NowNs();
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      entry->id = NewSessionId();
-      sessions_[entry->id] = entry;
-    }
+    sessions_.Add(entry);
     if (metrics_ != nullptr) metrics_->SessionOpened(entry->id, entry->info);
     spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id, entry->info.model_family,
                  entry->info.precision, options.kernels, entry->info.parameter_count, SecondsSince(start));
-    ToProto(*entry, response);
+    ToProto(entry->InfoSnapshot(), entry->id, entry->world, response);
     return grpc::Status::OK;
   });
 }
 
 grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
                                         v1::SessionInfo* response) {
-  return Handle("GetSession", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    auto entry = Find(request->session_id(), caller, &status);
-    if (entry == nullptr) return status;
-    entry->last_used_ns = NowNs();
-    ToProto(*entry, response);
+  SessionCall<v1::SessionInfo> call{"GetSession", &request->session_id(), Lock::kNone};
+  call.execute = [&](SessionEntry& entry, v1::SessionInfo* out) {
+    entry.Touch();
+    ToProto(entry.InfoSnapshot(), entry.id, entry.world, out);
     return grpc::Status::OK;
-  });
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
                                           v1::ListSessionsResponse* response) {
   return Handle("ListSessions", ctx, [&](const Caller& caller) -> grpc::Status {
-    std::vector<std::shared_ptr<SessionEntry>> entries;
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      for (const auto& [id, entry] : sessions_) {
-        if (MayUseSession(caller, entry->owner)) entries.push_back(entry);  // a user sees only its own
-      }
-    }
-    for (const auto& entry : entries) ToProto(*entry, response->add_sessions());
+    for (const auto& entry : sessions_.VisibleTo(caller)) ToProto(entry->InfoSnapshot(), entry->id, entry->world, response->add_sessions());
     return grpc::Status::OK;
   });
 }
 
 grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* request,
-                                          v1::CloseSessionResponse*) {
-  return Handle("CloseSession", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    auto entry = Find(request->session_id(), caller, &status);
-    if (entry == nullptr) return status;
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      if (sessions_.erase(request->session_id()) == 0) {
-        return Error(grpc::StatusCode::NOT_FOUND, "session '" + request->session_id() + "' was closed");
-      }
+                                          v1::CloseSessionResponse* response) {
+  SessionCall<v1::CloseSessionResponse> call{"CloseSession", &request->session_id(), Lock::kNone};
+  call.execute = [&](SessionEntry& entry, v1::CloseSessionResponse*) {
+    if (!sessions_.Remove(entry.id)) {
+      return Error(grpc::StatusCode::NOT_FOUND, "session '" + entry.id + "' was closed");
     }
     // Waits for a running step: the engine session is destroyed only between steps.
-    std::lock_guard<std::timed_mutex> step_lock(entry->step_mu);
-    entry->closed = true;
-    entry->session.reset();
-    if (metrics_ != nullptr) metrics_->SessionClosed(entry->id);
-    spdlog::info("session {} closed", entry->id);
+    std::lock_guard<std::timed_mutex> step_lock(entry.step_mu);
+    CloseEntry(entry, "");
     return grpc::Status::OK;
-  });
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 // ---- steps ----------------------------------------------------------------------------------------
 
-grpc::Status TrainerService::PrepareBatch(const std::string& session_id, const Caller& caller, bool has_batch,
-                                          const v1::Batch& batch, tigon::Batch* out) const {
-  grpc::Status status;
-  auto found = Find(session_id, caller, &status);
-  if (found == nullptr) return status;
-  if (!has_batch) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-  status = ValidateBatch(batch, {found->vocab_size, found->max_position_embeddings, config_.max_batch_tokens});
-  if (!status.ok()) return status;
-  *out = ToEngineBatch(batch);
-  return grpc::Status::OK;
-}
-
-bool TrainerService::Replay(SessionEntry& entry, const std::string& request_id, const char* method,
-                            v1::StepResult* response, grpc::Status* status) const {
-  const RequestCache::Entry* hit = entry.request_cache.Find(request_id);
-  if (hit == nullptr) return false;
-  if (hit->method != method) {
-    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id '" + request_id + "' was already used by a " +
-                                                            hit->method + " call on this session");
-  } else {
-    *response = hit->result;
-    response->set_replayed(true);
-    *status = grpc::Status::OK;
-  }
-  return true;
-}
-
-grpc::Status TrainerService::FinishStep(SessionEntry* entry, const char* method, const tigon::Status& engine_status,
-                                        const tigon::StepStats& stats, const std::string* request_id,
-                                        v1::StepResult* response) {
-  RefreshInfo(entry);
-  if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-  tigon::server::ToProto(stats, response);
-  if (request_id != nullptr) entry->request_cache.Insert(*request_id, method, *response);
-  if (metrics_ != nullptr) metrics_->RecordStep(entry->id, entry->model_family, method, stats);
-  return grpc::Status::OK;
-}
-
 grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1::ForwardBackwardRequest* request,
                                              v1::StepResult* response) {
-  return Handle("ForwardBackward", ctx, [&](const Caller& caller) -> grpc::Status {
-    tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
-    if (!status.ok()) return status;
-
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
-    const bool first_of_step = PendingBatches(*entry) == 0;
+  tigon::Batch batch;
+  SessionCall<v1::StepResult> call{"ForwardBackward", &request->session_id()};
+  call.check = [&](const SessionEntry& entry) {
+    return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+  };
+  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
+    const bool first_of_step = PendingBatches(entry) == 0;
     tigon::StepStats stats;
-    tigon::Status engine_status = entry->session->ForwardBackward(batch, &stats);
+    tigon::Status engine_status = entry.session->ForwardBackward(batch, &stats);
     // Gradients added to earlier pending ones cannot be taken back alone; the first ones can.
     if (engine_status.ok() && first_of_step) {
-      status = AbandonIfUnwanted(ctx, entry.get(), "ForwardBackward");
+      grpc::Status status = AbandonIfUnwanted(ctx, &entry, "ForwardBackward");
       if (!status.ok()) return status;
     }
-    status = FinishStep(entry.get(), "ForwardBackward", engine_status, stats, nullptr, response);
-    if (!status.ok()) return status;
-    spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry->id, stats.loss, stats.tokens,
+    spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry.id, stats.loss, stats.tokens,
                   stats.accumulated_batches);
-    return grpc::Status::OK;
-  });
+    return FinishStep(entry, "ForwardBackward", engine_status, stats, out);
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::OptimStepRequest* request,
                                        v1::StepResult* response) {
-  return Handle("OptimStep", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
-    status = ValidateOptimizerSettings(request->optimizer());
-    if (!status.ok()) return status;
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
-    const std::string& request_id = request->request_id();
-    if (Replay(*entry, request_id, "OptimStep", response, &status)) return status;
-    {
-      std::lock_guard<std::mutex> info_lock(entry->info_mu);
-      if (entry->info.accumulated_batches == 0) {
-        return Error(grpc::StatusCode::FAILED_PRECONDITION,
-                     "no accumulated gradients: call ForwardBackward before OptimStep");
-      }
+  SessionCall<v1::StepResult> call{"OptimStep", &request->session_id()};
+  call.request_id = &request->request_id();
+  call.check = [&](const SessionEntry&) { return ValidateOptimizerSettings(request->optimizer()); };
+  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
+    if (PendingBatches(entry) == 0) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                   "no accumulated gradients: call ForwardBackward before OptimStep");
     }
     tigon::StepStats stats;
-    tigon::Status engine_status = entry->session->OptimStep(ToEngineOverrides(request->optimizer()), &stats);
-    status = FinishStep(entry.get(), "OptimStep", engine_status, stats, &request_id, response);
-    if (!status.ok()) return status;
-    spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry->id, stats.step, stats.grad_norm,
+    tigon::Status engine_status = entry.session->OptimStep(ToEngineOverrides(request->optimizer()), &stats);
+    spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry.id, stats.step, stats.grad_norm,
                   stats.lr);
-    return grpc::Status::OK;
-  });
+    return FinishStep(entry, "OptimStep", engine_status, stats, out);
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* request,
                                        v1::StepResult* response) {
-  return Handle("TrainStep", ctx, [&](const Caller& caller) -> grpc::Status {
-    tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
-    if (!status.ok()) return status;
-    status = ValidateOptimizerSettings(request->optimizer());
-    if (!status.ok()) return status;
-
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
-    const std::string& request_id = request->request_id();
-    if (Replay(*entry, request_id, "TrainStep", response, &status)) return status;
+  tigon::Batch batch;
+  SessionCall<v1::StepResult> call{"TrainStep", &request->session_id()};
+  call.request_id = &request->request_id();
+  call.check = [&](const SessionEntry& entry) {
+    grpc::Status status = CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+    return status.ok() ? ValidateOptimizerSettings(request->optimizer()) : status;
+  };
+  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
     tigon::StepStats stats;
     tigon::Status engine_status;
-    bool in_backward = false;
-    {
-      std::lock_guard<std::mutex> info_lock(entry->info_mu);
-      in_backward = entry->info.optimizer_in_backward;
-    }
-    if (PendingBatches(*entry) == 0 && !in_backward) {
+    if (PendingBatches(entry) == 0 && !entry.InfoSnapshot().optimizer_in_backward) {
       // Two engine calls instead of one, so that a call whose deadline passed during the (long) forward
       // and backward pass is not applied: its gradients are dropped before the optimizer update.
       // (With optimizer_in_backward the update happens inside backward: one engine call.)
       tigon::StepStats optim;
-      engine_status = entry->session->ForwardBackward(batch, &stats);
+      engine_status = entry.session->ForwardBackward(batch, &stats);
       if (engine_status.ok()) {
-        status = AbandonIfUnwanted(ctx, entry.get(), "TrainStep");
+        grpc::Status status = AbandonIfUnwanted(ctx, &entry, "TrainStep");
         if (!status.ok()) return status;
-        engine_status = entry->session->OptimStep(ToEngineOverrides(request->optimizer()), &optim);
-        if (!engine_status.ok() && entry->session->Info().accumulated_batches > 0) {
-          entry->session->DiscardGradients();  // "on failure nothing is applied", as in the engine's TrainStep
+        engine_status = entry.session->OptimStep(ToEngineOverrides(request->optimizer()), &optim);
+        if (!engine_status.ok() && entry.session->Info().accumulated_batches > 0) {
+          entry.session->DiscardGradients();  // "on failure nothing is applied", as in the engine's TrainStep
         }
       }
       if (engine_status.ok()) MergeTrainStepStats(optim, &stats);
     } else {
       // Gradients from earlier ForwardBackward calls join this step (the engine's TrainStep semantics).
-      engine_status = entry->session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
+      engine_status = entry.session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
     }
-    status = FinishStep(entry.get(), "TrainStep", engine_status, stats, &request_id, response);
-    if (!status.ok()) return status;
-    spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry->id, stats.step,
+    spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry.id, stats.step,
                   stats.loss, stats.tokens, stats.tokens_per_second);
-    return grpc::Status::OK;
-  });
+    return FinishStep(entry, "TrainStep", engine_status, stats, out);
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::ForwardRequest* request,
                                      v1::ForwardResponse* response) {
-  return Handle("Forward", ctx, [&](const Caller& caller) -> grpc::Status {
-    tigon::Batch batch;
-    grpc::Status status = PrepareBatch(request->session_id(), caller, request->has_batch(), request->batch(), &batch);
-    if (!status.ok()) return status;
-
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
+  tigon::Batch batch;
+  SessionCall<v1::ForwardResponse> call{"Forward", &request->session_id()};
+  call.check = [&](const SessionEntry& entry) {
+    return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+  };
+  call.execute = [&](SessionEntry& entry, v1::ForwardResponse* out) {
     const auto start = Clock::now();
     tigon::ForwardResult result;
-    tigon::Status engine_status = entry->session->Forward(batch, &result);
+    tigon::Status engine_status = entry.session->Forward(batch, &result);
     const double seconds = SecondsSince(start);
-    entry->last_used_ns = NowNs();
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    response->set_loss(result.loss);
-    response->set_tokens(result.tokens);
-    response->set_wall_seconds(seconds);
-    if (request->return_logprobs()) {
-      response->mutable_logprobs()->Assign(result.logprobs.begin(), result.logprobs.end());
-    }
-    if (metrics_ != nullptr) metrics_->RecordForward(entry->id, entry->model_family, result.tokens, seconds);
+    if (!engine_status.ok()) return FromEngine(engine_status, entry);
+    out->set_loss(result.loss);
+    out->set_tokens(result.tokens);
+    out->set_wall_seconds(seconds);
+    if (request->return_logprobs()) out->mutable_logprobs()->Assign(result.logprobs.begin(), result.logprobs.end());
+    if (metrics_ != nullptr) metrics_->RecordForward(entry.id, entry.model_family, result.tokens, seconds);
     return grpc::Status::OK;
-  });
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 // ---- checkpoints ----------------------------------------------------------------------------------
 
 grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  return Handle("SaveCheckpoint", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
-    std::string absolute, relative;
-    status = checkpoints_.Resolve(request->path(), &absolute, &relative);
-    if (!status.ok()) return status;
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
+  std::string absolute, relative;
+  SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
+  call.check = [&](const SessionEntry&) { return checkpoints_.Resolve(request->path(), &absolute, &relative); };
+  call.execute = [&](SessionEntry& entry, v1::CheckpointResponse* out) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(absolute).parent_path(), ec);
     if (ec) {
@@ -671,51 +494,43 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
                    "cannot create the folder for checkpoint '" + relative + "': " + ec.message());
     }
     const auto start = Clock::now();
-    tigon::Status engine_status = entry->session->SaveCheckpoint(absolute);
-    RefreshInfo(entry.get());
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    response->set_path(relative);
-    response->set_wall_seconds(SecondsSince(start));
-    {
-      std::lock_guard<std::mutex> info_lock(entry->info_mu);
-      response->set_step(entry->info.step);
-    }
-    spdlog::info("session {} saved checkpoint '{}' at step {}", entry->id, relative, response->step());
+    tigon::Status engine_status = entry.session->SaveCheckpoint(absolute);
+    if (!engine_status.ok()) return FromEngine(engine_status, entry);
+    out->set_path(relative);
+    out->set_wall_seconds(SecondsSince(start));
+    out->set_step(entry.session->Info().step);
+    spdlog::info("session {} saved checkpoint '{}' at step {}", entry.id, relative, out->step());
     return grpc::Status::OK;
-  });
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::LoadCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  return Handle("LoadCheckpoint", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    if (Find(request->session_id(), caller, &status) == nullptr) return status;  // the session's access first
-    std::string absolute, relative;
-    status = checkpoints_.Resolve(request->path(), &absolute, &relative);
+  std::string absolute, relative;
+  SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
+  call.check = [&](const SessionEntry&) {
+    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
     if (!status.ok()) return status;
     std::error_code ec;
     if (!std::filesystem::is_directory(absolute, ec)) {
       return Error(grpc::StatusCode::NOT_FOUND, "no checkpoint '" + relative + "' under the server's checkpoint root");
     }
-    std::shared_ptr<SessionEntry> entry;
-    std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, request->session_id(), caller, &entry, &lock);
-    if (!status.ok()) return status;
-    const auto start = Clock::now();
-    tigon::Status engine_status = entry->session->LoadCheckpoint(absolute);
-    RefreshInfo(entry.get());
-    if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-    // Results remembered from before the load describe a state the session no longer has.
-    entry->request_cache.Clear();
-    response->set_path(relative);
-    response->set_wall_seconds(SecondsSince(start));
-    {
-      std::lock_guard<std::mutex> info_lock(entry->info_mu);
-      response->set_step(entry->info.step);
-    }
-    spdlog::info("session {} loaded checkpoint '{}' (step {})", entry->id, relative, response->step());
     return grpc::Status::OK;
-  });
+  };
+  call.execute = [&](SessionEntry& entry, v1::CheckpointResponse* out) {
+    const auto start = Clock::now();
+    tigon::Status engine_status = entry.session->LoadCheckpoint(absolute);
+    if (!engine_status.ok()) return FromEngine(engine_status, entry);
+    // Results remembered from before the load describe a state the session no longer has.
+    entry.request_cache.Clear();
+    out->set_path(relative);
+    out->set_wall_seconds(SecondsSince(start));
+    out->set_step(entry.session->Info().step);
+    spdlog::info("session {} loaded checkpoint '{}' (step {})", entry.id, relative, out->step());
+    return grpc::Status::OK;
+  };
+  return RunSessionCall(ctx, call, response);
 }
 
 // ---- server ---------------------------------------------------------------------------------------
@@ -739,7 +554,7 @@ grpc::Status TrainerService::NewCommunicatorId(grpc::ServerContext* ctx, const v
 
 grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::GetServerInfoRequest*,
                                            v1::ServerInfo* response) {
-  return Handle("GetServerInfo", ctx, [&](const Caller& caller) -> grpc::Status {
+  return Handle("GetServerInfo", ctx, [&](const Caller&) -> grpc::Status {
     response->set_version(config_.version);
     response->set_engine_version(engine_.engine_version);
     for (const auto& family : engine_.model_families) response->add_model_families(family);
@@ -762,77 +577,9 @@ grpc::Status TrainerService::GetServerInfo(grpc::ServerContext* ctx, const v1::G
   });
 }
 
-}  // namespace tigon::server
-
-namespace tigon::server {
-
-// ---- memory savings -------------------------------------------------------------------------------
-
-grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::MeasureSavingsRequest* request,
-                                            v1::MeasureSavingsResponse* response) {
-  return Handle("MeasureSavings", ctx, [&](const Caller& caller) -> grpc::Status {
-    grpc::Status status;
-    auto entry = Find(request->session_id(), caller, &status);
-    if (entry == nullptr) return status;
-    if (entry->world.world_size > 0) {
-      return Error(grpc::StatusCode::FAILED_PRECONDITION,
-                   "MeasureSavings builds temporary copies of the session on this server alone; a rank of a session "
-                   "over several servers cannot be copied that way");
-    }
-    // Random tokens of the requested shape, checked like any batch (limits included).
-    const BatchLimits limits{entry->vocab_size, entry->max_position_embeddings, config_.max_batch_tokens};
-    status = ValidateBatchShape(request->batch(), request->seq_len(), limits);
-    if (!status.ok()) return status;
-    v1::Batch batch;
-    batch.set_batch(request->batch());
-    batch.set_seq_len(request->seq_len());
-    std::mt19937 rng(0);
-    for (int64_t i = 0; i < request->batch() * request->seq_len(); ++i) {
-      batch.add_input_ids(static_cast<int32_t>(rng() % static_cast<uint32_t>(entry->vocab_size)));
-    }
-    status = ValidateBatch(batch, limits);
-    if (!status.ok()) return status;
-    const tigon::Batch engine_batch = ToEngineBatch(batch);
-
-    std::lock_guard<std::mutex> measuring(measure_mu_);
-    status = ReserveSessionSlot();
-    if (!status.ok()) return status;
-    ScopeExit release([this] { ReleaseSessionSlot(); });
-    for (const char* kernels : {"fused", "reference"}) {
-      if (std::chrono::system_clock::now() >= ctx->deadline()) {
-        return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed during the measurement");
-      }
-      tigon::SessionOptions options = entry->options;
-      options.kernels = kernels;
-      options.kernel_overrides.clear();
-      std::unique_ptr<tigon::Session> twin;
-      tigon::Status engine_status = engine_.create_session(options, &twin);
-      if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-      if (twin == nullptr) return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
-      // Two steps: the first allocates the optimizer state and warms up, the second is timed.
-      tigon::StepStats first, second;
-      engine_status = twin->TrainStep(engine_batch, {}, &first);
-      if (engine_status.ok()) engine_status = twin->TrainStep(engine_batch, {}, &second);
-      if (!engine_status.ok()) return FromEngine(engine_status, *entry);
-      v1::KernelMeasurement* m =
-          std::string(kernels) == "fused" ? response->mutable_fused() : response->mutable_reference();
-      m->set_kernels(kernels);
-      m->set_peak_allocated_bytes(std::max(first.peak_allocated_bytes, second.peak_allocated_bytes));
-      m->set_peak_reserved_bytes(std::max(first.peak_reserved_bytes, second.peak_reserved_bytes));
-      m->set_step_seconds(second.wall_seconds);
-      m->set_tokens_per_second(second.tokens_per_second);
-      if (metrics_ != nullptr) {
-        metrics_->RecordSavings(entry->id, entry->model_family, kernels, m->peak_allocated_bytes(), m->step_seconds());
-      }
-    }
-    response->set_saved_bytes(response->reference().peak_allocated_bytes() - response->fused().peak_allocated_bytes());
-    if (response->fused().step_seconds() > 0) {
-      response->set_speedup(response->reference().step_seconds() / response->fused().step_seconds());
-    }
-    spdlog::info("session {} MeasureSavings {}x{}: saved {} bytes, speedup {:.3f}", entry->id, request->batch(),
-                 request->seq_len(), response->saved_bytes(), response->speedup());
-    return grpc::Status::OK;
-  });
-}
+// MeasureSavings runs through RunSessionCall from its own file (measure_savings.cpp).
+template grpc::Status TrainerService::RunSessionCall(grpc::ServerContext*,
+                                                     const SessionCall<v1::MeasureSavingsResponse>&,
+                                                     v1::MeasureSavingsResponse*);
 
 }  // namespace tigon::server
