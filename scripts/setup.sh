@@ -12,6 +12,7 @@ PACKAGES=(
   prometheus                                     # promtool and a real Prometheus for the metrics tests
   clang libclang-rt-14-dev                       # libFuzzer and the sanitizer runtimes (fuzz/run.sh)
   openssl                                        # test certificates for the TLS tests
+  slurmctld slurmd slurm-client                  # a one-node Slurm for the sbatch drain test
 )
 
 missing=()

@@ -48,8 +48,8 @@ def test_dockerfile_and_slurm_script_use_real_flags():
     assert {a.split("=", 1)[0] for a in cmd} <= accepted
     assert "HEALTHCHECK" in dockerfile and re.search(r"^USER (?!root)", dockerfile, re.M)
     slurm = read("deploy", "slurm", "tigon-server.sbatch")
-    # The server's command line: from its binary ("$0" inside the srun script) to the pipe.
-    command = re.search(r'"\$0"(.*?)\|', slurm, re.S).group(1)
+    # The server's command line: from its binary ("$0" inside the srun script) to its output's redirection.
+    command = re.search(r'"\$0"(.*?)> >\(', slurm, re.S).group(1)
     used = flags_in(command)
     assert "--listen" in used and used <= accepted, used - accepted
     check = subprocess.run(["bash", "-n", os.path.join(ROOT, "deploy", "slurm", "tigon-server.sbatch")],
