@@ -1,4 +1,4 @@
-"""Sums the GPU kernel time of a Chrome trace written by tigon-profile-step or tigon-data-parallel bench
+"""Sums the GPU kernel time of a Chrome trace written by tigon-profile-step or tigon-data-parallel-bench
 --profile (Kineto) by category and by kernel, so one can see where a training step's device time goes.
 
     python3 bench/analyze_trace.py out/trace.json --steps 2

@@ -24,7 +24,7 @@
 #         main and the real engine behind the gRPC service (the service code runs in its unit tests
 #         against a fake engine, the engine in its own suite); the CUDA kernels and CUDA branches
 #         (CPU-only LibTorch here; TIGON_CUDA=OFF), the command-line tools (tigon-train,
-#         tigon-data-parallel). The untrusted-input parsers (safetensors, config.json, request
+#         tigon-data-parallel-bench). The untrusted-input parsers (safetensors, config.json, request
 #         validation) also run under ASan + UBSan in every CI run through the fuzz targets (fuzz/run.sh).
 #   tsan: TSan (${TIGON_TSAN_BUILD_DIR:-build-tsan}) over the server unit tests, whose concurrency (the
 #         gRPC service, per-session serialisation, the idle reaper, draining) runs against a fake

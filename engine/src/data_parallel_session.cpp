@@ -35,6 +35,7 @@
 #include "gradient_buckets.h"
 #include "log.h"
 #include "replica.h"
+#include "testing/test_hooks.h"
 #include "tigon/data_parallel.h"
 
 #ifdef TIGON_WITH_CUDA
@@ -276,6 +277,7 @@ class DataParallelSession final : public Session {
     return Status::Ok();
   }
   const DataParallelTimings& timings() const { return timings_; }
+  void set_fault_injector(testing::FaultInjector injector) { fault_injector_ = std::move(injector); }
 
   SessionInfo Info() const override {
     SessionInfo info = replicas_[0]->Info();
@@ -453,7 +455,7 @@ class DataParallelSession final : public Session {
   }
 
   void Inject(int r, const std::string& point) const {
-    if (options_.fault_injector) options_.fault_injector(r, point);
+    if (fault_injector_) fault_injector_(r, point);
   }
 
   // After a failure on some replica: every replica drops its pending gradients, the group is reset.
@@ -659,6 +661,7 @@ class DataParallelSession final : public Session {
   std::vector<std::unique_ptr<StepMarks>> marks_;
   std::unique_ptr<CommunicatorGroup> group_;
   DataParallelOptions options_;
+  testing::FaultInjector fault_injector_;  // testing/test_hooks.h
   ReplicaThreads threads_;  // after everything its jobs use, so that it stops first
   ReduceDtype reduce_dtype_ = ReduceDtype::kFloat32;
   int64_t pending_batches_ = 0;
@@ -769,6 +772,13 @@ bool LastDataParallelTimings(const Session& session, DataParallelTimings* timing
   const auto* dp = dynamic_cast<const engine::DataParallelSession*>(&session);
   if (dp == nullptr) return false;
   if (timings) *timings = dp->timings();
+  return true;
+}
+
+bool testing::SetFaultInjector(Session& session, FaultInjector injector) {
+  auto* dp = dynamic_cast<engine::DataParallelSession*>(&session);
+  if (dp == nullptr) return false;
+  dp->set_fault_injector(std::move(injector));
   return true;
 }
 

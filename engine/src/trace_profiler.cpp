@@ -1,5 +1,5 @@
 // StartTrace / StopTrace (tigon/data_parallel.h): LibTorch's Kineto profiler around engine calls, for
-// benchmarks (tigon-data-parallel bench --profile). The profiler's CPU side is thread-local; the engine
+// benchmarks (tigon-data-parallel-bench --profile). The profiler's CPU side is thread-local; the engine
 // carries the caller's thread-local state to its replica threads (and autograd to its device threads), so
 // their operators are recorded too. CUDA kernels of every device come from CUPTI.
 #include <torch/csrc/autograd/profiler_kineto.h>

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine_test_util.h"
+#include "test_hooks.h"
 #include "tigon/data_parallel.h"
 
 namespace tigon {
@@ -126,6 +127,7 @@ TEST(DataParallel, EqualsOneReplicaOnTheWholeBatchFp32) {
   std::unique_ptr<Session> plain;
   ASSERT_TRUE(CreateSession(TinyOptions(), &plain).ok());
   EXPECT_FALSE(LastDataParallelTimings(*plain, nullptr));
+  EXPECT_FALSE(testing::SetFaultInjector(*plain, [](int, const std::string&) {}));
 }
 
 // The one-replica reference above is itself checked against a plain session (CUDA device 0 on a GPU
@@ -367,8 +369,8 @@ TEST(DataParallel, AFailingReplicaFailsTheStepEverywhereWithoutHanging) {
     DataParallelOptions parallel;
     parallel.bucket_bytes = 1;  // 21 buckets: later ones fail while others wait inside a sum
     parallel.collective_timeout_seconds = 60;
-    parallel.fault_injector = FailOnce(1, c.point, c.what, fired);
     auto dp = MakeParallel(TinyOptions(), 3, parallel);
+    ASSERT_TRUE(testing::SetFaultInjector(*dp, FailOnce(1, c.point, c.what, fired)));
     auto reference = MakeSingle(TinyOptions());
     const Batch earlier = UnevenBatch(3, 16, 40), batch = UnevenBatch(4, 16, 41);
     // Gradients pending from an earlier call are dropped with the failed one, as on one device.
@@ -404,10 +406,10 @@ TEST(DataParallel, AReplicaThatNeverArrivesTimesOut) {
   DataParallelOptions parallel;
   parallel.collective_timeout_seconds = 0.5;
   auto slow_once = std::make_shared<int>(0);
-  parallel.fault_injector = [slow_once](int r, const std::string& point) {
-    if (r == 0 && point == "bucket:0" && (*slow_once)++ == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-  };
   auto dp = MakeParallel(TinyOptions(), 2, parallel);
+  ASSERT_TRUE(testing::SetFaultInjector(*dp, [slow_once](int r, const std::string& point) {
+    if (r == 0 && point == "bucket:0" && (*slow_once)++ == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  }));
   StepStats stats;
   Status status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
   EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
@@ -424,8 +426,8 @@ TEST(DataParallel, EachReplicaKeepsOneThreadAcrossCalls) {
   std::mutex mutex;
   std::map<int, std::set<std::thread::id>> threads;
   std::map<int, int> calls, longest_run_on_one_thread;
-  DataParallelOptions parallel;
-  parallel.fault_injector = [&](int r, const std::string& point) {
+  auto dp = MakeParallel(TinyOptions(), 3);
+  ASSERT_TRUE(testing::SetFaultInjector(*dp, [&](int r, const std::string& point) {
     if (point != "forward_backward" && point != "optim_step") return;
     thread_local int calls_on_this_thread = 0;
     ++calls_on_this_thread;
@@ -433,8 +435,7 @@ TEST(DataParallel, EachReplicaKeepsOneThreadAcrossCalls) {
     threads[r].insert(std::this_thread::get_id());
     calls[r] += 1;
     longest_run_on_one_thread[r] = std::max(longest_run_on_one_thread[r], calls_on_this_thread);
-  };
-  auto dp = MakeParallel(TinyOptions(), 3, parallel);
+  }));
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(dp->ForwardBackward(UnevenBatch(3, 16, 60 + step), nullptr).ok());
     ASSERT_TRUE(dp->OptimStep({}, nullptr).ok());
@@ -477,10 +478,9 @@ TEST(DataParallel, TimingsCoverEveryReplica) {
 }
 
 TEST(DataParallel, AnUpdateThatFailsOnOneReplicaBreaksTheSession) {
-  DataParallelOptions parallel;
   auto fired = std::make_shared<int>(0);
-  parallel.fault_injector = FailOnce(1, "optim_step", "injected update failure", fired);
-  auto dp = MakeParallel(TinyOptions(), 2, parallel);
+  auto dp = MakeParallel(TinyOptions(), 2);
+  ASSERT_TRUE(testing::SetFaultInjector(*dp, FailOnce(1, "optim_step", "injected update failure", fired)));
   StepStats stats;
   Status status = dp->TrainStep(UnevenBatch(2, 16, 1), {}, &stats);
   EXPECT_FALSE(status.ok());

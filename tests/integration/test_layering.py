@@ -32,4 +32,6 @@ def test_server_compile_lines_have_no_torch_include_directories():
     for unit in server_units:
         line = unit.get("command") or " ".join(unit["arguments"])
         assert not re.search(r"(-I|-isystem\s*)\S*(torch|ATen)", line), unit["file"]
+        # The engine's test hooks (engine/src/testing) are for tests, not for the service.
+        assert "engine/src/testing" not in line, unit["file"]
         assert "-include" not in line.split(), f"{unit['file']} uses a precompiled (torch) header"

@@ -1,13 +1,12 @@
 // Data-parallel sessions beyond what engine.h's SessionOptions.devices gives: replicas on the CPU (how
-// CI tests the data-parallel logic without GPUs), the gradient bucket size, the collective timeout, a fault
-// injector for failure tests, and per-step communication timings for benchmarks. No torch types.
+// CI tests the data-parallel logic without GPUs), the gradient bucket size, the collective timeout, and
+// per-step communication timings for benchmarks. No torch types.
 //
 // CreateSession(options) with options.devices = {0, 1, ...} (two or more distinct CUDA devices) builds the
 // same session as CreateDataParallelSession(options, {}) below.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,9 +33,6 @@ struct DataParallelOptions {
   int world_size = 0;
   int rank = 0;
   std::string nccl_unique_id;
-  // Tests: called on each replica's thread at named points ("forward_backward", "bucket:<i>" before bucket
-  // i of the launch order starts, "optim_step"); throwing from it makes that replica fail there.
-  std::function<void(int replica, const std::string& point)> fault_injector;
 };
 
 // 256 MiB: on two H200s (Llama-3.2-1B, one process per GPU) 9 buckets gave 1.903x against 1.884x with 26

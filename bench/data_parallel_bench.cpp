@@ -1,20 +1,9 @@
-// tigon-data-parallel: checks and measures data-parallel training over several CUDA devices with the
-// engine directly (no server).
+// tigon-data-parallel-bench: measures data-parallel training over several CUDA devices with the engine
+// directly (no server). Its correctness counterpart is tests/engine/test_data_parallel_devices.cpp.
 //
-//   tigon-data-parallel check --devices 0,1 [--config FILE] [--precision bf16_mixed] [--steps 8]
-//                             [--rows 8] [--seq 256] [--tolerance 0.02]
-//     Trains the same batches on one device and data-parallel on the given devices; fails (exit 1) when
-//     loss or gradient norm differ by more than the relative tolerance at any step, or when the replicas'
-//     weights differ.
-//
-//   tigon-data-parallel ranks --devices 0,1 [same flags as check]
-//     The same check with one process per device: this process makes the NCCL unique id and starts one
-//     child per device (rank r drives device r, DataParallelOptions.world_size), each training its rows of
-//     the batches; the children's losses and grad norms must match one device on the whole batches.
-//
-//   tigon-data-parallel bench --devices 0,1 --config FILE [--precision bf16] [--rows-per-device 8]
-//                             [--seq 2048] [--steps 8] [--warmup 2] [--bucket-mb MB] [--json FILE]
-//                             [--processes] [--profile DIR]
+//   tigon-data-parallel-bench --devices 0,1 --config FILE [--precision bf16] [--kernels fused|reference]
+//                             [--rows-per-device 8] [--seq 2048] [--steps 8] [--warmup 2] [--bucket-mb MB]
+//                             [--json FILE] [--processes] [--profile DIR] [--cpu]
 //     tokens/s of one device with rows-per-device rows vs all devices with rows-per-device rows each,
 //     and the gradient all-reduce time that backward did not hide (median of the measured steps). The
 //     one-device runs: each listed device alone (a slow device shows), and a data-parallel session with
@@ -25,14 +14,14 @@
 //     start a single device looks up to 4% faster than it trains for hours. Give --warmup enough steps for
 //     about 25 s of work (100 for Llama-3.2-1B at 8 x 2048 on an H200) to compare steady states.
 //     --processes: the data-parallel run with one process per device instead of one thread per device
-//     (NCCL ranks, DataParallelOptions.world_size), the same table and JSON.
+//     (NCCL ranks, DataParallelOptions.world_size), the same table and JSON. This process makes the NCCL
+//     unique id and starts itself once per device with --rank (an internal flag).
 //     --profile DIR: after the measured steps, a Kineto trace of two more steps of the one-device run on
 //     the first device, of the one-replica data-parallel session and of the data-parallel run
 //     (DIR/one_device.json, DIR/one_replica.json, DIR/data_parallel.json; read them with
 //     bench/analyze_trace.py --per-device).
-//
-// --cpu runs check and bench with replicas on the CPU (one per listed device) to try the tool without GPUs
-// (--processes needs CUDA devices and NCCL and is refused there).
+//     --cpu: replicas on the CPU (one per listed device, host communicator) to try the benchmark without
+//     GPUs (--processes needs CUDA devices and NCCL and is refused there).
 //
 // Without --config a small Llama (hidden 256, 4 layers, vocab 512) is used.
 #include <algorithm>
@@ -45,9 +34,9 @@
 #include <functional>
 #include <iterator>
 #include <memory>
-#include <stdexcept>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,41 +47,38 @@
 #include <unistd.h>
 
 #include "tigon/data_parallel.h"
+#include "tigon/engine.h"
 
 extern char** environ;
-#include "tigon/engine.h"
 
 namespace {
 
 struct Args {
-  std::string mode;
   std::vector<int> devices = {0, 1};
   std::string config_file;
-  std::string precision;
+  std::string precision = "bf16";
   std::string kernels = "fused";
   int steps = 8;
   int warmup = 2;
-  int rows = 8;  // check: rows of the whole batch; bench: rows per device
-  int seq = 0;
-  double tolerance = 0.02;
+  int rows = 8;  // per device
+  int seq = 2048;
   double bucket_mb = 0;
   std::string json_file;
-  bool cpu = false;  // replicas on the CPU (host communicator): a smoke test of this tool without GPUs
-  bool processes = false;   // bench: one process per device
-  std::string profile_dir;  // bench: Kineto traces here
-  // rank-child (started by ranks): this process's rank, the hex NCCL unique id, where to write results.
-  int rank = 0;
+  bool cpu = false;         // replicas on the CPU (host communicator): tries the benchmark without GPUs
+  bool processes = false;   // one process per device
+  std::string profile_dir;  // Kineto traces here
+  // A rank of --processes (started by it): this process's rank, the hex NCCL unique id, where to write.
+  int rank = -1;
   std::string unique_id_hex;
   std::string out_file;
 };
 
 [[noreturn]] void Usage(const char* error) {
-  if (error) std::fprintf(stderr, "tigon-data-parallel: %s\n\n", error);
+  if (error) std::fprintf(stderr, "tigon-data-parallel-bench: %s\n\n", error);
   std::fprintf(stderr,
-               "usage: tigon-data-parallel check|ranks|bench [--devices 0,1] [--config FILE] [--precision P]\n"
-               "           [--kernels fused|reference] [--steps N] [--warmup N] [--rows N | --rows-per-device N]\n"
-               "           [--seq T] [--tolerance R] [--bucket-mb MB] [--json FILE] [--cpu]\n"
-               "           bench only: [--processes] [--profile DIR]\n");
+               "usage: tigon-data-parallel-bench [--devices 0,1] [--config FILE] [--precision P]\n"
+               "           [--kernels fused|reference] [--steps N] [--warmup N] [--rows-per-device N] [--seq T]\n"
+               "           [--bucket-mb MB] [--json FILE] [--cpu] [--processes] [--profile DIR]\n");
   std::exit(error ? 2 : 0);
 }
 
@@ -105,13 +91,8 @@ std::vector<int> ParseDevices(const std::string& text) {
 }
 
 Args Parse(int argc, char** argv) {
-  if (argc < 2) Usage("give a mode: check or bench");
   Args a;
-  a.mode = argv[1];
-  if (a.mode != "check" && a.mode != "bench" && a.mode != "ranks" && a.mode != "rank-child" &&
-      a.mode != "bench-rank")
-    Usage("the mode is check, bench or ranks");
-  for (int i = 2; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) Usage(("missing value for " + k).c_str());
@@ -124,9 +105,8 @@ Args Parse(int argc, char** argv) {
       else if (k == "--kernels") a.kernels = value();
       else if (k == "--steps") a.steps = std::stoi(value());
       else if (k == "--warmup") a.warmup = std::stoi(value());
-      else if (k == "--rows" || k == "--rows-per-device") a.rows = std::stoi(value());
+      else if (k == "--rows-per-device") a.rows = std::stoi(value());
       else if (k == "--seq") a.seq = std::stoi(value());
-      else if (k == "--tolerance") a.tolerance = std::stod(value());
       else if (k == "--bucket-mb") a.bucket_mb = std::stod(value());
       else if (k == "--json") a.json_file = value();
       else if (k == "--cpu") a.cpu = true;
@@ -141,15 +121,10 @@ Args Parse(int argc, char** argv) {
       Usage(("bad number for " + k).c_str());
     }
   }
-  const bool benchmarking = a.mode == "bench" || a.mode == "bench-rank";
-  if (!benchmarking && (a.processes || !a.profile_dir.empty())) Usage("--processes and --profile are bench flags");
   if (a.processes && a.cpu)
     Usage("--processes runs one NCCL rank per CUDA device; --cpu has no NCCL (CPU replicas share one process)");
   if (a.processes && !a.profile_dir.empty())
     Usage("--profile traces the in-process run; give it without --processes");
-  const bool checking = !benchmarking;
-  if (a.precision.empty()) a.precision = checking ? "bf16_mixed" : "bf16";
-  if (a.seq == 0) a.seq = checking ? 256 : 2048;
   if (a.devices.size() < 2) Usage("give at least two devices");
   if (a.steps < 1 || a.rows < 1 || a.seq < 2 || a.warmup < 0) Usage("sizes must be positive");
   return a;
@@ -158,7 +133,7 @@ Args Parse(int argc, char** argv) {
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    std::fprintf(stderr, "tigon-data-parallel: cannot read %s\n", path.c_str());
+    std::fprintf(stderr, "tigon-data-parallel-bench: cannot read %s\n", path.c_str());
     std::exit(1);
   }
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -214,100 +189,11 @@ std::unique_ptr<tigon::Session> Create(const tigon::SessionOptions& options, con
     status = tigon::CreateSession(options, &session);
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "tigon-data-parallel: creating a session on %d device(s) failed: %s\n", replicas,
+    std::fprintf(stderr, "tigon-data-parallel-bench: creating a session on %d device(s) failed: %s\n", replicas,
                  status.ToString().c_str());
     std::exit(1);
   }
   return session;
-}
-
-double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
-
-// A replica that fails inside the gradient sums (the last device, at its second bucket) must fail the step
-// on every replica within seconds, and the next step must succeed on fresh communicators.
-bool CheckFailure(const Args& a, const std::string& config) {
-  const int vocab = VocabSize(config);
-  tigon::DataParallelOptions parallel;
-  parallel.bucket_bytes = 1 << 20;
-  parallel.collective_timeout_seconds = 60;
-  const int failing = static_cast<int>(a.devices.size()) - 1;
-  auto fired = std::make_shared<int>(0);
-  if (a.cpu) parallel.cpu_replicas = static_cast<int>(a.devices.size());
-  parallel.fault_injector = [failing, fired](int replica, const std::string& point) {
-    if (replica == failing && point == "bucket:1" && *fired == 0) {
-      *fired = 1;
-      throw std::runtime_error("CUDA out of memory (injected)");
-    }
-  };
-  std::unique_ptr<tigon::Session> session;
-  tigon::Status status = tigon::CreateDataParallelSession(Options(a, config, a.devices), parallel, &session);
-  if (!status.ok()) {
-    std::printf("failure check: creating the session failed: %s\n", status.ToString().c_str());
-    return false;
-  }
-  const auto batch = RandomBatch(a.rows, a.seq, vocab, 7);
-  const auto start = std::chrono::steady_clock::now();
-  tigon::StepStats stats;
-  status = session->TrainStep(batch, {}, &stats);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const bool failed_fast = !status.ok() && seconds < 30;
-  std::printf("failure check: injected failure on replica %d -> %s after %.2f s\n", failing,
-              status.ToString().c_str(), seconds);
-  status = session->TrainStep(batch, {}, &stats);
-  std::printf("failure check: next step -> %s (step %lld, loss %.5f)\n", status.ToString().c_str(),
-              static_cast<long long>(stats.step), stats.loss);
-  const bool ok = failed_fast && status.ok() && stats.step == 1 && *fired == 1;
-  std::printf("failure check: %s\n", ok ? "passed" : "FAILED");
-  return ok;
-}
-
-int Check(const Args& a, const std::string& config) {
-  const int vocab = VocabSize(config);
-  auto single = Create(Options(a, config, {a.devices.front()}), a, 1);
-  auto parallel = Create(Options(a, config, a.devices), a, static_cast<int>(a.devices.size()));
-  std::printf("check: %zu devices vs device %d, %s, batch %d x %d, %d steps, tolerance %.3g\n", a.devices.size(),
-              a.devices.front(), a.precision.c_str(), a.rows, a.seq, a.steps, a.tolerance);
-  std::printf("| step | loss 1 device | loss %zu devices | rel. diff | grad norm 1 | grad norm %zu | rel. diff |\n",
-              a.devices.size(), a.devices.size());
-  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  bool ok = true;
-  for (int step = 0; step < a.steps; ++step) {
-    const auto batch = RandomBatch(a.rows, a.seq, vocab, 100 + step);
-    tigon::StepStats s, p;
-    tigon::Status status = single->TrainStep(batch, {}, &s);
-    if (status.ok()) status = parallel->TrainStep(batch, {}, &p);
-    if (!status.ok()) {
-      std::printf("step %d failed: %s\n", step, status.ToString().c_str());
-      return 1;
-    }
-    const double dl = Relative(p.loss, s.loss), dg = Relative(p.grad_norm, s.grad_norm);
-    ok = ok && dl <= a.tolerance && dg <= a.tolerance && p.tokens == s.tokens;
-    std::printf("| %d | %.6f | %.6f | %.2e | %.5f | %.5f | %.2e |\n", step + 1, s.loss, p.loss, dl, s.grad_norm,
-                p.grad_norm, dg);
-  }
-  // Identical rows land on different replicas: equal log-probabilities mean equal weights everywhere.
-  auto one = RandomBatch(1, a.seq, vocab, 999);
-  tigon::Batch same;
-  same.batch = static_cast<int64_t>(a.devices.size());
-  same.seq_len = a.seq;
-  for (size_t r = 0; r < a.devices.size(); ++r)
-    same.input_ids.insert(same.input_ids.end(), one.input_ids.begin(), one.input_ids.end());
-  tigon::ForwardResult fp, fs;
-  if (!parallel->Forward(same, &fp).ok() || !single->Forward(one, &fs).ok()) {
-    std::printf("forward failed\n");
-    return 1;
-  }
-  bool identical = true;
-  double worst = 0;
-  for (size_t r = 1; r < a.devices.size(); ++r)
-    for (int t = 0; t < a.seq; ++t) identical = identical && fp.logprobs[t] == fp.logprobs[r * a.seq + t];
-  for (int t = 0; t < a.seq; ++t) worst = std::max(worst, static_cast<double>(std::abs(fp.logprobs[t] - fs.logprobs[t])));
-  std::printf("replica weights bit-identical: %s; max |log p| difference to one device: %.3e\n",
-              identical ? "yes" : "NO", worst);
-  ok = ok && identical;
-  ok = CheckFailure(a, config) && ok;
-  std::printf("check: %s\n", ok ? "PASSED" : "FAILED");
-  return ok ? 0 : 1;
 }
 
 double Median(std::vector<double> v) {
@@ -382,7 +268,7 @@ bool ProfileSteps(tigon::Session& session, const std::string& trace_path, int ro
   }
   if (status.ok()) status = tigon::StopTrace(trace_path);
   if (!status.ok()) {
-    std::fprintf(stderr, "tigon-data-parallel: --profile: %s\n", status.ToString().c_str());
+    std::fprintf(stderr, "tigon-data-parallel-bench: --profile: %s\n", status.ToString().c_str());
     return false;
   }
   std::printf("trace of 2 steps: %s\n", trace_path.c_str());
@@ -410,7 +296,8 @@ BenchResult Bench(const Args& a, const std::string& config, const std::vector<in
     tigon::StepStats stats;
     tigon::Status status = session->TrainStep(batch, {}, &stats);
     if (!status.ok()) {
-      std::fprintf(stderr, "tigon-data-parallel: step of %s failed: %s\n", run.c_str(), status.ToString().c_str());
+      std::fprintf(stderr, "tigon-data-parallel-bench: step of %s failed: %s\n", run.c_str(),
+                   status.ToString().c_str());
       std::exit(1);
     }
     if (step < a.warmup) continue;
@@ -634,24 +521,6 @@ bool TrainRankStep(tigon::Session& session, const Args& a, const tigon::Batch& b
   return true;
 }
 
-// One rank of `ranks`: trains its rows and writes "step loss grad_norm tokens" lines to --out.
-int RankChild(const Args& a, const std::string& config) {
-  const int vocab = VocabSize(config);
-  const auto session = CreateRankSession(a, config, RankParallelOptions(a));
-  if (!session) return 1;
-  std::ofstream out(a.out_file);
-  for (int step = 0; step < a.steps; ++step) {
-    const auto batch = RandomBatch(a.rows, a.seq, vocab, 100 + step);
-    tigon::StepStats stats;
-    if (!TrainRankStep(*session, a, batch, step, &stats)) return 1;
-    char line[128];
-    std::snprintf(line, sizeof line, "%d %.17g %.17g %lld\n", step, stats.loss, stats.grad_norm,
-                  static_cast<long long>(stats.tokens));
-    out << line;
-  }
-  return out ? 0 : 1;
-}
-
 // Starts `self` with `args` (args[0] is the program name); -1 on failure.
 pid_t Spawn(const char* self, std::vector<std::string> args) {
   std::vector<char*> argv;
@@ -711,67 +580,6 @@ std::vector<pid_t> SpawnRanks(const char* self, const Args& a,
   return children;
 }
 
-int Ranks(const Args& a, const std::string& config, const char* self) {
-  const int ranks = static_cast<int>(a.devices.size());
-  std::string id;
-  tigon::Status status = tigon::NewNcclUniqueId(&id);
-  if (!status.ok()) {
-    std::printf("ranks: %s\n", status.ToString().c_str());
-    return 1;
-  }
-  const std::string base = "/tmp/tigon_ranks_" + std::to_string(::getpid());
-  const auto children = SpawnRanks(
-      self, a,
-      [&](int r) -> std::vector<std::string> {
-        return {self, "rank-child", "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
-                "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
-                "--kernels", a.kernels, "--steps", std::to_string(a.steps), "--rows", std::to_string(a.rows),
-                "--seq", std::to_string(a.seq)};
-      },
-      stdout, "ranks");
-  if (children.empty()) return 1;
-  if (!WaitForChildren(children)) {
-    std::printf("ranks: a rank failed\nranks: FAILED\n");
-    return 1;
-  }
-  // Every rank must report the same whole-batch numbers, equal to one device's within the tolerance.
-  std::vector<std::vector<double>> loss(ranks), norm(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    std::ifstream in(base + "." + std::to_string(r));
-    int step;
-    double l, g;
-    long long tokens;
-    while (in >> step >> l >> g >> tokens) {
-      loss[r].push_back(l);
-      norm[r].push_back(g);
-    }
-    std::remove((base + "." + std::to_string(r)).c_str());
-  }
-  auto single = Create(Options(a, config, {a.devices.front()}), a, 1);
-  const int vocab = VocabSize(config);
-  bool ok = true;
-  std::printf("ranks: %d processes vs device %d, %s, batch %d x %d\n", ranks, a.devices.front(), a.precision.c_str(),
-              a.rows, a.seq);
-  std::printf("| step | loss 1 device | loss (rank 0) | rel. diff | ranks agree |\n| --- | --- | --- | --- | --- |\n");
-  for (int step = 0; step < a.steps; ++step) {
-    tigon::StepStats s;
-    if (!single->TrainStep(RandomBatch(a.rows, a.seq, vocab, 100 + step), {}, &s).ok() ||
-        static_cast<int>(loss[0].size()) <= step) {
-      std::printf("ranks: step %d missing\nranks: FAILED\n", step);
-      return 1;
-    }
-    bool agree = true;
-    for (int r = 1; r < ranks; ++r)
-      agree = agree && loss[r].size() > static_cast<size_t>(step) && loss[r][step] == loss[0][step] &&
-              norm[r][step] == norm[0][step];
-    const double d = Relative(loss[0][step], s.loss);
-    ok = ok && agree && d <= a.tolerance && Relative(norm[0][step], s.grad_norm) <= a.tolerance;
-    std::printf("| %d | %.6f | %.6f | %.2e | %s |\n", step + 1, s.loss, loss[0][step], d, agree ? "yes" : "NO");
-  }
-  std::printf("ranks: %s\n", ok ? "PASSED" : "FAILED");
-  return ok ? 0 : 1;
-}
-
 // One rank of bench --processes: trains its rows of the bench batches (those the in-process bench splits
 // the same way) and writes to --out one "step <ms>" line per measured step, then "comm <all-reduce ms>
 // <not hidden ms> <forward+backward ms> <buckets> <after backward> <peak bytes>" and "replica <forward>
@@ -826,23 +634,23 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
   std::string id;
   tigon::Status status = tigon::NewNcclUniqueId(&id);
   if (!status.ok()) {
-    std::fprintf(stderr, "tigon-data-parallel: %s\n", status.ToString().c_str());
+    std::fprintf(stderr, "tigon-data-parallel-bench: %s\n", status.ToString().c_str());
     return 1;
   }
   const std::string base = "/tmp/tigon_bench_ranks_" + std::to_string(::getpid());
   const auto children = SpawnRanks(
       self, a,
       [&](int r) -> std::vector<std::string> {
-        return {self, "bench-rank", "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
+        return {self, "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
                 "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
                 "--kernels", a.kernels, "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
-                "--rows", std::to_string(a.rows), "--seq", std::to_string(a.seq), "--bucket-mb",
+                "--rows-per-device", std::to_string(a.rows), "--seq", std::to_string(a.seq), "--bucket-mb",
                 Fixed("%.17g", a.bucket_mb)};
       },
-      stderr, "tigon-data-parallel");
+      stderr, "tigon-data-parallel-bench");
   if (children.empty()) return 1;
   if (!WaitForChildren(children)) {
-    std::fprintf(stderr, "tigon-data-parallel: a rank failed (see its messages above)\n");
+    std::fprintf(stderr, "tigon-data-parallel-bench: a rank failed (see its messages above)\n");
     return 1;
   }
   BenchResult all;
@@ -882,7 +690,8 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
     }
     std::remove(path.c_str());
     if (step_ms[r].size() != static_cast<size_t>(a.steps)) {
-      std::fprintf(stderr, "tigon-data-parallel: rank %d reported %zu of %d steps\n", r, step_ms[r].size(), a.steps);
+      std::fprintf(stderr, "tigon-data-parallel-bench: rank %d reported %zu of %d steps\n", r, step_ms[r].size(),
+                   a.steps);
       return 1;
     }
   }
@@ -908,14 +717,7 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
 int main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   const std::string config = args.config_file.empty() ? kSmallLlama : ReadFile(args.config_file);
-  if (args.mode == "check") return Check(args, config);
-  if (args.mode == "ranks") {
-    char self[4096] = {};
-    if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
-    return Ranks(args, config, self);
-  }
-  if (args.mode == "rank-child") return RankChild(args, config);
-  if (args.mode == "bench-rank") return BenchRankChild(args, config);
+  if (args.rank >= 0) return BenchRankChild(args, config);
   if (args.processes) {
     char self[4096] = {};
     if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
