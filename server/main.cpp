@@ -99,6 +99,7 @@ int Run(const ServerOptions& options) {
   config.max_message_bytes = options.max_message_bytes;
   config.version = TIGON_VERSION;
   config.session_idle_timeout_seconds = options.session_idle_timeout_seconds;
+  config.call_order_timeout_seconds = options.call_order_timeout_seconds;
   config.max_parameters = options.max_parameters;
   const size_t auth_tokens = auth.size(), auth_admins = auth.admin_count();
   TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);

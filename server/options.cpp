@@ -90,6 +90,11 @@ const std::vector<Flag>& Flags() {
        "on SIGTERM/SIGINT, how long in-flight calls may take to finish before they are cancelled "
        "(default 60)",
        [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->exit_timeout_seconds); }},
+      {"call-order-timeout", "SECONDS",
+       "how long a call numbered in its client's order (CallOrder) waits for an earlier call that has not "
+       "reached the server at all, before it and the later calls of that client are refused ABORTED "
+       "(default 30)",
+       [](const std::string& v, ServerOptions* o) { return ParseSeconds(v, &o->call_order_timeout_seconds); }},
       {"session-idle-timeout", "SECONDS",
        "close a session that has had no call for this long, freeing its memory when its client is gone "
        "(default 0: never)",

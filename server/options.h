@@ -16,6 +16,7 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;           // largest request accepted (RESOURCE_EXHAUSTED above it)
   std::string log_level = "info";                 // trace | debug | info | warn | error | off
   double exit_timeout_seconds = 60.0;             // on SIGTERM: how long in-flight calls may take to finish
+  double call_order_timeout_seconds = 30.0;       // a numbered call's wait for an earlier one that never came
   double session_idle_timeout_seconds = 0;        // close sessions without a call for this long; 0 = never
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
   bool metrics_listen_given = false;              // the default address may be taken (then: no metrics, a warning)

@@ -16,6 +16,7 @@
 #include "server/auth.h"
 #include "server/engine_api.h"
 #include "server/request_cache.h"
+#include "server/session_sequence.h"
 #include "tigon/engine.h"
 
 namespace tigon::server {
@@ -27,6 +28,7 @@ struct SessionEntry {
   std::unique_ptr<tigon::Session> session;  // guarded by step_mu
   bool closed = false;                      // guarded by step_mu
   RequestCache request_cache;               // guarded by step_mu
+  SessionSequence sequence;                 // the order of each client's numbered calls
   int64_t vocab_size = 0;                   // fixed at creation
   int64_t max_position_embeddings = 0;
   std::string model_family;

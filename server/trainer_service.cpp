@@ -123,6 +123,13 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
     grpc::Status status;
     std::shared_ptr<SessionEntry> entry = sessions_.Find(*call.session_id, caller, &status);
     if (entry == nullptr) return status;  // the session's access before anything about the request
+    SessionSequence::Turn turn;           // held until the call ends, after its step lock
+    if (call.order != nullptr) {
+      const SessionSequence::Limits limits{ctx->deadline(), [ctx] { return ctx->IsCancelled(); },
+                                           config_.call_order_timeout_seconds};
+      status = entry->sequence.WaitForTurn(call.order->stream(), call.order->number(), limits, &turn);
+      if (!status.ok()) return status;
+    }
     if (call.check) {
       status = call.check(*entry);
       if (!status.ok()) return status;
@@ -362,6 +369,7 @@ grpc::Status TrainerService::ListSessions(grpc::ServerContext* ctx, const v1::Li
 grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* request,
                                           v1::CloseSessionResponse* response) {
   SessionCall<v1::CloseSessionResponse> call{"CloseSession", &request->session_id(), Lock::kNone};
+  call.order = &request->order();
   call.execute = [&](SessionEntry& entry, v1::CloseSessionResponse*) {
     if (!sessions_.Remove(entry.id)) {
       return Error(grpc::StatusCode::NOT_FOUND, "session '" + entry.id + "' was closed");
@@ -380,6 +388,7 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
                                              v1::StepResult* response) {
   tigon::Batch batch;
   SessionCall<v1::StepResult> call{"ForwardBackward", &request->session_id()};
+  call.order = &request->order();
   call.check = [&](const SessionEntry& entry) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
@@ -402,6 +411,7 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
 grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::OptimStepRequest* request,
                                        v1::StepResult* response) {
   SessionCall<v1::StepResult> call{"OptimStep", &request->session_id()};
+  call.order = &request->order();
   call.request_id = &request->request_id();
   call.check = [&](const SessionEntry&) { return ValidateOptimizerSettings(request->optimizer()); };
   call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
@@ -422,6 +432,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
                                        v1::StepResult* response) {
   tigon::Batch batch;
   SessionCall<v1::StepResult> call{"TrainStep", &request->session_id()};
+  call.order = &request->order();
   call.request_id = &request->request_id();
   call.check = [&](const SessionEntry& entry) {
     grpc::Status status = CheckBatch(entry, request->has_batch(), request->batch(), &batch);
@@ -460,6 +471,7 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
                                      v1::ForwardResponse* response) {
   tigon::Batch batch;
   SessionCall<v1::ForwardResponse> call{"Forward", &request->session_id()};
+  call.order = &request->order();
   call.check = [&](const SessionEntry& entry) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
@@ -485,6 +497,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
                                             v1::CheckpointResponse* response) {
   std::string absolute, relative;
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
+  call.order = &request->order();
   call.check = [&](const SessionEntry&) { return checkpoints_.Resolve(request->path(), &absolute, &relative); };
   call.execute = [&](SessionEntry& entry, v1::CheckpointResponse* out) {
     std::error_code ec;
@@ -509,6 +522,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
                                             v1::CheckpointResponse* response) {
   std::string absolute, relative;
   SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
+  call.order = &request->order();
   call.check = [&](const SessionEntry&) {
     grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
     if (!status.ok()) return status;

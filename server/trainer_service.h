@@ -36,6 +36,8 @@ struct ServiceConfig {
   std::string version;  // the server's own version
   // Sessions without a call for this long are closed (their creator is presumed gone); 0 = never.
   double session_idle_timeout_seconds = 0.0;
+  // How long a call numbered in its client's order waits for an earlier one that never reached the server.
+  double call_order_timeout_seconds = 30.0;
   // Largest model CreateSession builds (estimated from its config); 0 = no limit.
   int64_t max_parameters = 0;
 };
@@ -93,7 +95,8 @@ class TrainerService final : public v1::Trainer::Service {
     kNone,  // none: the call reads the last refreshed info, or serialises itself
   };
   // The parts of a call on one session that differ from one RPC to the next; RunSessionCall does the
-  // rest, in this order: find the session and check the caller may use it; `check` (the request against
+  // rest, in this order: find the session and check the caller may use it; wait for the call's turn in
+  // its client's order; `check` (the request against
   // the session, before any lock); take the step lock within the deadline and check the session is open
   // and the call still wanted; answer a request_id seen before from the cache; `execute`; refresh the
   // session's info; remember the result under the request_id.
@@ -104,6 +107,8 @@ class TrainerService final : public v1::Trainer::Service {
     Lock lock = Lock::kStep;
     // Idempotent calls (Response = v1::StepResult): a retry with the same id gets the first result.
     const std::string* request_id = nullptr;
+    // Calls a client numbered: run after the calls it sent before them on the session (SessionSequence).
+    const v1::CallOrder* order = nullptr;
     std::function<grpc::Status(const SessionEntry&)> check;  // may be empty
     std::function<grpc::Status(SessionEntry&, Response*)> execute;
   };

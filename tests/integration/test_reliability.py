@@ -183,6 +183,13 @@ def test_a_step_whose_deadline_passes_mid_step_is_not_applied(start_server):
 # Practice: gRPC's max-message-size semantics (grpc.max_receive_message_length applies to the
 # serialized message; a message of exactly the limit is accepted) — the boundary test Triton's L0
 # suites do for request sizes.
+def with_order(request):
+    """The request as the client sends it: numbered in its session handle's order (16-byte stream, a
+    number below 128: one byte)."""
+    request.order.stream, request.order.number = bytes(16), 1
+    return request
+
+
 def test_a_request_exactly_at_max_message_bytes_succeeds_one_byte_over_is_resource_exhausted(shared_server):
     limit = shared_server.client().server_info().max_message_bytes
     assert limit == 8192
@@ -194,7 +201,7 @@ def test_a_request_exactly_at_max_message_bytes_succeeds_one_byte_over_is_resour
             ids = rng.integers(128, 256, size=(8, seq_len))
             labels = np.roll(ids, -1, axis=1)
             weights = np.ones(ids.shape)
-            build = lambda request_id: session._train_request(ids, labels, weights, request_id, {})  # noqa: E731
+            build = lambda request_id: with_order(session._train_request(ids, labels, weights, request_id, {}))  # noqa: E731
             base = build("x").ByteSize() - 3
             pad = limit - base - 2
             if 1 <= pad < 127:

@@ -10,7 +10,7 @@
             print(result.step, result.loss, result.tokens_per_second)
 """
 from .client import Client, Future, Session, connect
-from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
+from .errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                      PermissionDenied, ResourceExhausted, TigonError, Unauthenticated, Unavailable)
 from .results import (CheckpointResult, DeviceInfo, ForwardResult, KernelMeasurement, SavingsResult, ServerInfo,
                       SessionInfo, StepResult)
@@ -19,7 +19,7 @@ from .world import WorldSession
 __all__ = [
     "connect", "Client", "Session", "Future", "WorldSession",
     "TigonError", "InvalidArgument", "NotFound", "ResourceExhausted", "Unauthenticated", "PermissionDenied",
-    "FailedPrecondition", "DeadlineExceeded", "Unavailable", "Cancelled", "Internal",
+    "FailedPrecondition", "DeadlineExceeded", "Unavailable", "Cancelled", "Aborted", "Internal",
     "StepResult", "ForwardResult", "CheckpointResult", "SessionInfo", "ServerInfo", "DeviceInfo",
     "SavingsResult", "KernelMeasurement",
 ]

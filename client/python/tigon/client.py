@@ -1,12 +1,15 @@
-"""The client: `connect` -> `Client` -> `Session`; every call also exists as `*_async` returning a Future."""
+"""The client: `connect` -> `Client` -> `Session`; every call also exists as `*_async` returning a Future
+(one definition each: tigon/_calls.py)."""
 import json
 import os
+import threading
 import uuid
 
 import grpc
 
 from . import _batch
-from .errors import InvalidArgument, TigonError, from_rpc_error
+from ._calls import Future, _Call, call, with_async_variants
+from .errors import Aborted, InvalidArgument, ResourceExhausted, TigonError, Unavailable, from_rpc_error
 from .results import CheckpointResult, ForwardResult, SavingsResult, ServerInfo, SessionInfo, StepResult
 from .v1 import trainer_pb2 as pb
 from .v1 import trainer_pb2_grpc as pb_grpc
@@ -64,49 +67,7 @@ def _optimizer_message(message, settings, where):
             setattr(message, key, float(value))
 
 
-class Future:
-    """The result of an `*_async` call: `result(timeout=None)` returns the typed result or raises the
-    TigonError; also `done()`, `cancel()`, `exception()`, `add_done_callback(fn)`."""
-
-    def __init__(self, grpc_future, convert):
-        self._future = grpc_future
-        self._convert = convert
-
-    def result(self, timeout=None):
-        try:
-            response = self._future.result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise TimeoutError("the call has not finished yet") from None
-        except grpc.FutureCancelledError:
-            raise TigonError("the call was cancelled", grpc.StatusCode.CANCELLED) from None
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-        return self._convert(response)
-
-    def exception(self, timeout=None):
-        try:
-            self.result(timeout)
-        except TimeoutError as error:
-            if isinstance(error, TigonError):
-                return error
-            raise
-        except TigonError as error:
-            return error
-        return None
-
-    def done(self):
-        return self._future.done()
-
-    def cancel(self):
-        return self._future.cancel()
-
-    def cancelled(self):
-        return self._future.cancelled()
-
-    def add_done_callback(self, fn):
-        self._future.add_done_callback(lambda _: fn(self))
-
-
+@with_async_variants
 class Client:
     def __init__(self, address, token=None, timeout=None, retries=0, *, tls=False, root_cert=None,
                  client_cert=None, client_key=None, server_name=None):
@@ -140,12 +101,15 @@ class Client:
     def _deadline(self, timeout):
         return self._timeout if timeout is None else timeout
 
-    def _call(self, method, request, convert, timeout=None, idempotent=False):
-        rpc = getattr(self._stub, method)
-        attempts = 1 + (self._retries if idempotent else 0)
+    def _call(self, method, request, convert, timeout=None, idempotent=False, **kwargs):
+        return _Call(self, method, request, convert, timeout, idempotent, **kwargs)
+
+    def _run(self, call):
+        rpc = call.rpc or getattr(self._stub, call.method)
+        attempts = 1 + (self._retries if call.idempotent else 0)
         for attempt in range(attempts):
             try:
-                return convert(rpc(request, timeout=self._deadline(timeout), metadata=self._metadata))
+                return call.convert(rpc(call.request, timeout=self._deadline(call.timeout), metadata=self._metadata))
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
                     # Wait (a growing window) for the channel to connect rather than sleeping blind: the
@@ -155,34 +119,40 @@ class Client:
                     except grpc.FutureTimeoutError:
                         pass
                     continue
-                raise from_rpc_error(error) from None
+                error = from_rpc_error(error)
+                if call.on_error is not None:
+                    call.on_error(error)
+                raise error from None
 
-    def _call_async(self, method, request, convert, timeout=None):
-        rpc = getattr(self._stub, method)
-        return Future(rpc.future(request, timeout=self._deadline(timeout), metadata=self._metadata), convert)
+    def _submit(self, call):
+        rpc = call.rpc or getattr(self._stub, call.method)
+        return Future(rpc.future(call.request, timeout=self._deadline(call.timeout), metadata=self._metadata),
+                      call.convert, call.on_error)
 
     # ---- server ----
 
+    @call
     def server_info(self, *, timeout=None):
         return self._call("GetServerInfo", pb.GetServerInfoRequest(), ServerInfo.from_proto, timeout, True)
 
+    @call
     def list_sessions(self, *, timeout=None):
         return self._call("ListSessions", pb.ListSessionsRequest(),
                           lambda r: [SessionInfo.from_proto(s) for s in r.sessions], timeout, True)
 
+    @call
     def health(self, service="", *, timeout=5.0):
         """The grpc.health.v1 status of the server: "SERVING", "NOT_SERVING", ... (no token needed)."""
         check = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=lambda s: (b"\x0a" + bytes([len(s)]) + s.encode()) if s else b"",
             response_deserializer=lambda data: data[1] if len(data) >= 2 and data[0] == 0x08 else 0)
-        try:
-            return _HEALTH_STATUS.get(check(service, timeout=timeout), "UNKNOWN")
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        return self._call("Health", service, lambda status: _HEALTH_STATUS.get(status, "UNKNOWN"), timeout, True,
+                          rpc=check)
 
     # ---- sessions ----
 
+    @call
     def new_communicator_id(self, *, timeout=None):
         """A fresh communicator id (bytes) for a session spread over several servers (see WorldSession);
         ask the server that will hold rank 0. FailedPrecondition where the server has no NCCL."""
@@ -228,6 +198,7 @@ class Client:
             request.devices.extend([devices] if isinstance(devices, int) else [int(d) for d in devices])
         return request
 
+    @call
     def create_session(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
                        devices=None, optimizer_in_backward=False, world=None, timeout=None):
         """A new session on the server.
@@ -246,21 +217,13 @@ class Client:
         """
         request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward,
                                        world)
-        info = self._call("CreateSession", request, SessionInfo.from_proto, timeout)
-        return Session(self, info)
+        return self._call("CreateSession", request, lambda r: Session(self, SessionInfo.from_proto(r)), timeout)
 
-    def create_session_async(self, model, *, precision="bf16", kernels="fused", optimizer=None, seed=0,
-                             devices=None, optimizer_in_backward=False, world=None, timeout=None):
-        request = self._create_request(model, precision, kernels, optimizer, seed, devices, optimizer_in_backward,
-                                       world)
-        return self._call_async("CreateSession", request,
-                                lambda r: Session(self, SessionInfo.from_proto(r)), timeout)
-
+    @call
     def session(self, session_id, *, timeout=None):
         """A handle on an existing session (e.g. one created by another client)."""
-        info = self._call("GetSession", pb.GetSessionRequest(session_id=session_id),
-                          SessionInfo.from_proto, timeout, True)
-        return Session(self, info)
+        return self._call("GetSession", pb.GetSessionRequest(session_id=session_id),
+                          lambda r: Session(self, SessionInfo.from_proto(r)), timeout, True)
 
     def close(self):
         self._channel.close()
@@ -272,13 +235,19 @@ class Client:
         self.close()
 
 
+@with_async_variants
 class Session:
-    """A training session on the server. Use as a context manager to close it at the end."""
+    """A training session on the server. Use as a context manager to close it at the end.
+
+    The calls made through one Session run on the server in the order they were made, `*_async` ones
+    included: `f1 = s.forward_backward_async(big); f2 = s.optim_step_async()` steps on big's gradients."""
 
     def __init__(self, client, info):
         self._client = client
         self.info_at_creation = info
         self.id = info.session_id
+        self._order_lock = threading.Lock()
+        self._order_stream, self._order_number = os.urandom(16), 0
 
     @property
     def vocab_size(self):
@@ -320,8 +289,32 @@ class Session:
         return dict(lr=lr, betas=betas, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                     max_grad_norm=max_grad_norm)
 
+    def _call(self, method, request, convert, timeout, idempotent=False):
+        """The call, numbered in this handle's order of calls when its request has one (CallOrder): the
+        server runs it after every call this handle sent before it, whatever their sizes."""
+        on_error = None
+        if "order" in request.DESCRIPTOR.fields_by_name:
+            with self._order_lock:
+                self._order_number += 1
+                request.order.stream, request.order.number = self._order_stream, self._order_number
+                stream = self._order_stream
+            on_error = lambda error: self._order_broken(stream, error)  # noqa: E731
+        return self._client._call(method, request, convert, timeout, idempotent, on_error=on_error)
+
+    def _order_broken(self, stream, error):
+        # ABORTED: a call before this one never reached the server, and the server refuses the rest of
+        # that order. UNAVAILABLE, or a message over the server's size limit: this call may never have
+        # reached it, and the calls after it would wait for it until they were refused. Either way the
+        # calls made from now on start a new order.
+        if isinstance(error, (Aborted, Unavailable)) or (isinstance(error, ResourceExhausted)
+                                                        and "larger than max" in error.message):
+            with self._order_lock:
+                if self._order_stream == stream:
+                    self._order_stream, self._order_number = os.urandom(16), 0
+
     # ---- steps ----
 
+    @call
     def train_step(self, input_ids, labels=None, loss_weights=None, lr=None, *, betas=None, beta1=None,
                    beta2=None, eps=None, weight_decay=None, max_grad_norm=None, request_id=None,
                    timeout=None):
@@ -329,98 +322,65 @@ class Session:
         step only. labels default to input_ids shifted left by one (-100 = ignored)."""
         request = self._train_request(input_ids, labels, loss_weights, request_id,
                                       self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm))
-        return self._client._call("TrainStep", request, StepResult.from_proto, timeout, True)
+        return self._call("TrainStep", request, StepResult.from_proto, timeout, True)
 
-    def train_step_async(self, input_ids, labels=None, loss_weights=None, lr=None, *, betas=None,
-                         beta1=None, beta2=None, eps=None, weight_decay=None, max_grad_norm=None,
-                         request_id=None, timeout=None):
-        request = self._train_request(input_ids, labels, loss_weights, request_id,
-                                      self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm))
-        return self._client._call_async("TrainStep", request, StepResult.from_proto, timeout)
-
+    @call
     def forward_backward(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
         """Forward and backward; the gradients add to those pending until the next optim_step."""
         request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights)
-        return self._client._call("ForwardBackward", request, StepResult.from_proto, timeout)
+        return self._call("ForwardBackward", request, StepResult.from_proto, timeout)
 
-    def forward_backward_async(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
-        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights)
-        return self._client._call_async("ForwardBackward", request, StepResult.from_proto, timeout)
-
+    @call
     def optim_step(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
                    max_grad_norm=None, request_id=None, timeout=None):
         """AdamW over the pending gradients (FailedPrecondition when there are none)."""
         request = self._optim_request(request_id, self._settings(lr, betas, beta1, beta2, eps, weight_decay,
                                                                  max_grad_norm))
-        return self._client._call("OptimStep", request, StepResult.from_proto, timeout, True)
+        return self._call("OptimStep", request, StepResult.from_proto, timeout, True)
 
-    def optim_step_async(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
-                         max_grad_norm=None, request_id=None, timeout=None):
-        request = self._optim_request(request_id, self._settings(lr, betas, beta1, beta2, eps, weight_decay,
-                                                                 max_grad_norm))
-        return self._client._call_async("OptimStep", request, StepResult.from_proto, timeout)
-
+    @call
     def forward(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False, timeout=None):
         """Loss (and per-token log-probabilities with return_logprobs=True), no gradients."""
         request = self._batch_request(pb.ForwardRequest, input_ids, labels, loss_weights,
                                       return_logprobs=return_logprobs)
-        return self._client._call("Forward", request, self._forward_convert(request), timeout, True)
-
-    def forward_async(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False,
-                      timeout=None):
-        request = self._batch_request(pb.ForwardRequest, input_ids, labels, loss_weights,
-                                      return_logprobs=return_logprobs)
-        return self._client._call_async("Forward", request, self._forward_convert(request), timeout)
+        return self._call("Forward", request, self._forward_convert(request), timeout, True)
 
     # ---- checkpoints ----
 
+    @call
     def save(self, path, *, timeout=None):
         """Writes a checkpoint at `path` inside the server's --checkpoint-root."""
         request = pb.SaveCheckpointRequest(session_id=self.id, path=os.fspath(path))
-        return self._client._call("SaveCheckpoint", request, _checkpoint_result, timeout)
+        return self._call("SaveCheckpoint", request, _checkpoint_result, timeout)
 
-    def save_async(self, path, *, timeout=None):
-        request = pb.SaveCheckpointRequest(session_id=self.id, path=os.fspath(path))
-        return self._client._call_async("SaveCheckpoint", request, _checkpoint_result, timeout)
-
+    @call
     def load(self, path, *, timeout=None):
         """Loads weights, optimizer state and step from `path` inside the server's --checkpoint-root."""
         request = pb.LoadCheckpointRequest(session_id=self.id, path=os.fspath(path))
-        return self._client._call("LoadCheckpoint", request, _checkpoint_result, timeout)
-
-    def load_async(self, path, *, timeout=None):
-        request = pb.LoadCheckpointRequest(session_id=self.id, path=os.fspath(path))
-        return self._client._call_async("LoadCheckpoint", request, _checkpoint_result, timeout)
+        return self._call("LoadCheckpoint", request, _checkpoint_result, timeout)
 
     # ---- memory savings ----
 
+    @call
     def measure_savings(self, batch, seq_len, *, timeout=None):
         """Peak memory and time of one training step with fused and with reference kernels for this
         session's model and a [batch, seq_len] batch, measured on temporary sessions (this one is not
         changed)."""
         request = pb.MeasureSavingsRequest(session_id=self.id, batch=int(batch), seq_len=int(seq_len))
-        return self._client._call("MeasureSavings", request, SavingsResult.from_proto, timeout)
-
-    def measure_savings_async(self, batch, seq_len, *, timeout=None):
-        request = pb.MeasureSavingsRequest(session_id=self.id, batch=int(batch), seq_len=int(seq_len))
-        return self._client._call_async("MeasureSavings", request, SavingsResult.from_proto, timeout)
+        return self._call("MeasureSavings", request, SavingsResult.from_proto, timeout)
 
     # ---- lifetime ----
 
+    @call
     def info(self, *, timeout=None):
-        return self._client._call("GetSession", pb.GetSessionRequest(session_id=self.id),
-                                  SessionInfo.from_proto, timeout, True)
+        """The session's info as of its last finished call (not ordered: it never waits for calls in flight)."""
+        return self._call("GetSession", pb.GetSessionRequest(session_id=self.id), SessionInfo.from_proto, timeout,
+                          True)
 
-    def info_async(self, *, timeout=None):
-        return self._client._call_async("GetSession", pb.GetSessionRequest(session_id=self.id),
-                                        SessionInfo.from_proto, timeout)
-
+    @call
     def close(self, *, timeout=None):
-        self._client._call("CloseSession", pb.CloseSessionRequest(session_id=self.id), lambda r: None, timeout)
-
-    def close_async(self, *, timeout=None):
-        return self._client._call_async("CloseSession", pb.CloseSessionRequest(session_id=self.id),
-                                        lambda r: None, timeout)
+        """Closes the session after the calls sent before it."""
+        return self._call("CloseSession", pb.CloseSessionRequest(session_id=self.id), lambda r: None, timeout)
 
     def __enter__(self):
         return self

@@ -55,13 +55,19 @@ class Cancelled(TigonError):
     code = grpc.StatusCode.CANCELLED
 
 
+class Aborted(TigonError):
+    """A call numbered after one that never reached the server: refused unrun, so that none runs out of
+    order (the session's later calls start a new order)."""
+    code = grpc.StatusCode.ABORTED
+
+
 class Internal(TigonError):
     code = grpc.StatusCode.INTERNAL
 
 
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, ResourceExhausted, Unauthenticated,
                                       PermissionDenied, FailedPrecondition, DeadlineExceeded,
-                                      Unavailable, Cancelled, Internal)}
+                                      Unavailable, Cancelled, Aborted, Internal)}
 
 
 def from_rpc_error(error):

@@ -8,11 +8,14 @@
 Rank 0's server makes the communicator id (NewCommunicatorId) and every server creates its rank at the
 same time; the ranks then sum their gradients with NCCL, server to server. Each call is sent to every rank
 at once, each with its share of the rows (split as evenly as possible, in order), and returns rank 0's
-result. The ranks' weights stay identical; save and load act on every rank.
+result. The ranks' weights stay identical; save and load act on every rank. Every method also exists as
+`*_async`, returning a Future; the ranks' calls are sent when it is called, so calls made one after
+another run on every rank in that order.
 """
 import threading
 
 from ._batch import _rows_from_lists
+from ._calls import _Deferred, _Gather, call, with_async_variants
 from .errors import InvalidArgument, TigonError
 
 try:
@@ -80,6 +83,26 @@ def _check_ids(rows, vocab_size, name, allow_ignored):
                 raise InvalidArgument(f"{name} holds {value}, outside the vocabulary [0, {vocab_size})")
 
 
+def _first_result(futures):
+    """Rank 0's result once every rank has answered; the first error if any failed."""
+    results, first_error = _gather(futures)
+    if first_error is not None:
+        raise first_error
+    return results[0]
+
+
+def _every_result(futures):
+    results, first_error = _gather(futures)
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+def _nothing(futures):
+    _every_result(futures)
+
+
+@with_async_variants
 class WorldSession:
     """One data-parallel session over several servers. Create it with WorldSession.create."""
 
@@ -87,11 +110,16 @@ class WorldSession:
         self.sessions = list(sessions)
 
     @classmethod
+    @call
     def create(cls, clients, model, *, devices=None, collective_timeout=None, timeout=None, **session_options):
         """Creates rank r of the session on clients[r] (devices: one CUDA index per server, or None for
         device 0 everywhere); the other options are create_session's. collective_timeout: seconds a rank
         waits for the others, at creation and in every step, before the session fails (default 300). If
         any rank fails, the ranks that were created are closed and the first error is raised."""
+        return _Deferred(lambda: cls._create(clients, model, devices, collective_timeout, timeout, session_options))
+
+    @classmethod
+    def _create(cls, clients, model, devices, collective_timeout, timeout, session_options):
         clients = list(clients)
         if len(clients) < 2:
             raise InvalidArgument("a session over several servers needs at least two clients")
@@ -136,41 +164,40 @@ class WorldSession:
             share = {name: values[first:first + count] for name, values in given.items()}
             futures.append(getattr(session, method)(share["input_ids"], share.get("labels"), share.get("loss_weights"),
                                                     **kwargs))
-        return self._results(futures)
+        return _Gather(futures, _first_result)
 
-    @staticmethod
-    def _results(futures):
-        results, first_error = _gather(futures)
-        if first_error is not None:
-            raise first_error
-        return results[0]
-
+    @call
     def train_step(self, input_ids, labels=None, loss_weights=None, **settings):
         """Session.train_step over the whole batch; the settings (lr, ...) go to every rank."""
         return self._on_every_rank("train_step_async", input_ids, labels, loss_weights, **settings)
 
+    @call
     def forward_backward(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
         return self._on_every_rank("forward_backward_async", input_ids, labels, loss_weights, timeout=timeout)
 
+    @call
     def optim_step(self, **settings):
-        return self._results([session.optim_step_async(**settings) for session in self.sessions])
+        return _Gather([session.optim_step_async(**settings) for session in self.sessions], _first_result)
 
+    @call
     def save(self, path, *, timeout=None):
         """Every rank saves to `path` under its own server's --checkpoint-root (the weights are the same
         on every rank), so that load works whether or not the servers share a file system."""
-        return self._results([session.save_async(path, timeout=timeout) for session in self.sessions])
+        return _Gather([session.save_async(path, timeout=timeout) for session in self.sessions], _first_result)
 
+    @call
     def load(self, path, *, timeout=None):
         """Every rank loads `path` under its own server's --checkpoint-root, as save wrote it."""
-        return self._results([session.load_async(path, timeout=timeout) for session in self.sessions])
+        return _Gather([session.load_async(path, timeout=timeout) for session in self.sessions], _first_result)
 
+    @call
     def info(self, *, timeout=None):
-        return [session.info(timeout=timeout) for session in self.sessions]
+        """Every rank's SessionInfo."""
+        return _Gather([session.info_async(timeout=timeout) for session in self.sessions], _every_result)
 
+    @call
     def close(self, *, timeout=None):
-        _, first_error = _gather([session.close_async(timeout=timeout) for session in self.sessions])
-        if first_error is not None:
-            raise first_error
+        return _Gather([session.close_async(timeout=timeout) for session in self.sessions], _nothing)
 
     def __enter__(self):
         return self
