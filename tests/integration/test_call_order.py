@@ -88,6 +88,16 @@ def test_a_call_that_never_reached_the_server_stops_the_calls_after_it(start_ser
         assert session.optim_step().step == 1
 
 
+def test_leaving_the_with_block_closes_the_session_behind_a_call_that_never_arrived(start_server):
+    server = start_server("--max-message-bytes=4096", "--call-order-timeout=1")
+    client = server.client()
+    with client.create_session(TINY_LLAMA, precision="fp32") as session:
+        lost = session.forward_backward_async(np.random.default_rng(0).integers(0, 256, size=(32, 128)))
+    assert session.id not in {s.session_id for s in client.list_sessions()}
+    with pytest.raises(tigon.ResourceExhausted):
+        lost.result(timeout=60)
+
+
 def _calls(cls):
     """The public methods of cls that make a call (not properties, not the Client's local close)."""
     return {name for name, member in vars(cls).items()

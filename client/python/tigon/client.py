@@ -386,10 +386,14 @@ class Session:
         return self
 
     def __exit__(self, *exc):
-        try:
-            self.close()
-        except TigonError:
-            pass  # already closed, or the server is gone: nothing left to release
+        for _ in range(2):
+            try:
+                self.close()
+            except Aborted:
+                continue  # refused behind a call that never arrived; the handle's next order closes it
+            except TigonError:
+                pass  # already closed, or the server is gone: nothing left to release
+            return
 
 
 def _checkpoint_result(r):
