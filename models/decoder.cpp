@@ -166,7 +166,7 @@ void DecoderModel::InitRandom(uint64_t seed, double initializer_range) {
   }
 }
 
-void DecoderModel::CheckTokenIds(const torch::Tensor& ids, const char* what, bool allow_ignore) const {
+void DecoderModel::CheckTokenTensor(const torch::Tensor& ids, const char* what) const {
   if (!ids.defined()) throw ModelError(std::string(what) + " is undefined");
   if (ids.dim() != 2) {
     throw ModelError(std::string(what) + " must be [batch, seq_len], got shape " + ShapeString(ids.sizes()));
@@ -175,18 +175,10 @@ void DecoderModel::CheckTokenIds(const torch::Tensor& ids, const char* what, boo
     throw ModelError(std::string(what) + " must hold integer token ids, got dtype " +
                      std::string(c10::toString(ids.scalar_type())));
   }
-  if (ids.numel() == 0) return;
-  torch::Tensor valid = (ids >= 0).logical_and(ids < config_.vocab_size);
-  if (allow_ignore) valid = valid.logical_or(ids == -100);
-  if (!valid.all().item<bool>()) {
-    const int64_t bad = ids.masked_select(valid.logical_not()).to(torch::kCPU)[0].item<int64_t>();
-    throw ModelError(std::string(what) + ": token id " + std::to_string(bad) +
-                     " is outside the vocabulary (vocab_size " + std::to_string(config_.vocab_size) + ")");
-  }
 }
 
 torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
-  CheckTokenIds(input_ids, "input_ids", /*allow_ignore=*/false);
+  CheckTokenTensor(input_ids, "input_ids");
   const auto& c = config_;
   const bool fused_norm = ops_.Get("rms_norm") == OpChoice::kFused;
   const bool fused_rope = ops_.Get("rope") == OpChoice::kFused;
@@ -344,7 +336,7 @@ torch::Tensor DecoderModel::Logits(const torch::Tensor& input_ids) const {
 
 torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
                                     const torch::Tensor& loss_weights) const {
-  CheckTokenIds(labels, "labels", /*allow_ignore=*/true);
+  CheckTokenTensor(labels, "labels");
   if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
     throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
                      (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
@@ -379,7 +371,7 @@ torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch:
 torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
                                           int64_t chunk_tokens) const {
   torch::NoGradGuard no_grad;
-  CheckTokenIds(labels, "labels", /*allow_ignore=*/true);
+  CheckTokenTensor(labels, "labels");
   if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
     throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
                      (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));

@@ -104,6 +104,8 @@ class DecoderModel {
   void InitRandom(uint64_t seed, double initializer_range);
 
   // input_ids [B, T] int64 on the parameters' device -> final hidden states [B, T, H] (after the norm).
+  // Ids (and labels below) are taken to be in the vocabulary (labels: or -100): shapes and dtypes are
+  // checked here (ModelError), values where the batch enters the engine (tigon::CheckBatch).
   torch::Tensor HiddenStates(const torch::Tensor& input_ids) const;
   // -> logits [B, T, V], in fp32.
   torch::Tensor Logits(const torch::Tensor& input_ids) const;
@@ -125,7 +127,9 @@ class DecoderModel {
  private:
   void AddParameter(const std::string& name, std::vector<int64_t> shape, const torch::TensorOptions& options);
   const torch::Tensor& param(const std::string& name) const;
-  void CheckTokenIds(const torch::Tensor& ids, const char* what, bool allow_ignore) const;
+  // Shape and dtype only (nothing that reads the values, which would wait for the device): the values'
+  // range is the batch contract's (tigon::CheckBatch, engine.h), checked once where a batch enters the engine.
+  void CheckTokenTensor(const torch::Tensor& ids, const char* what) const;
 
   ModelConfig config_;
   OpTable ops_;

@@ -35,14 +35,15 @@ grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::
     return ValidateBatch(batch, limits);
   };
   // Serialised by measure_mu_ instead of the session's step lock: the session itself is not used.
-  call.execute = [&](SessionEntry& entry, v1::MeasureSavingsResponse* out) -> grpc::Status {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext& context,
+                     v1::MeasureSavingsResponse* out) -> grpc::Status {
     const tigon::Batch engine_batch = ToEngineBatch(batch);
     std::lock_guard<std::mutex> measuring(measure_mu_);
     SessionRegistry::Slot slot;
     grpc::Status status = sessions_.Reserve(&slot);
     if (!status.ok()) return status;
     for (const char* kernels : {"fused", "reference"}) {
-      if (std::chrono::system_clock::now() >= ctx->deadline()) {
+      if (std::chrono::system_clock::now() >= context.deadline) {
         return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed during the measurement");
       }
       tigon::SessionOptions options = entry.options;

@@ -20,19 +20,6 @@ grpc::Status Error(grpc::StatusCode code, const std::string& message) { return g
 
 double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// A TrainStep's statistics from its ForwardBackward (`stats`) and OptimStep (`optim`) parts, as the
-// engine's TrainStep reports them.
-void MergeTrainStepStats(const tigon::StepStats& optim, tigon::StepStats* stats) {
-  stats->step = optim.step;
-  stats->grad_norm = optim.grad_norm;
-  stats->lr = optim.lr;
-  stats->accumulated_batches = 0;
-  stats->wall_seconds += optim.wall_seconds;
-  stats->tokens_per_second = stats->wall_seconds > 0 ? stats->tokens / stats->wall_seconds : 0.0;
-  stats->peak_allocated_bytes = std::max(stats->peak_allocated_bytes, optim.peak_allocated_bytes);
-  stats->peak_reserved_bytes = std::max(stats->peak_reserved_bytes, optim.peak_reserved_bytes);
-}
-
 // Runs `fn` when the scope ends (bookkeeping that must happen on every path, exceptions included).
 template <typename F>
 class ScopeExit {
@@ -123,10 +110,13 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
     grpc::Status status;
     std::shared_ptr<SessionEntry> entry = sessions_.Find(*call.session_id, caller, &status);
     if (entry == nullptr) return status;  // the session's access before anything about the request
-    SessionSequence::Turn turn;           // held until the call ends, after its step lock
+    // Whether the caller still waits: for its turn, for the step lock, and inside the engine's step.
+    tigon::CallContext context;
+    context.deadline = ctx->deadline();
+    context.cancelled = [ctx] { return ctx->IsCancelled(); };
+    SessionSequence::Turn turn;  // held until the call ends, after its step lock
     if (call.order != nullptr) {
-      const SessionSequence::Limits limits{ctx->deadline(), [ctx] { return ctx->IsCancelled(); },
-                                           config_.call_order_timeout_seconds};
+      const SessionSequence::Limits limits{context.deadline, context.cancelled, config_.call_order_timeout_seconds};
       status = entry->sequence.WaitForTurn(call.order->stream(), call.order->number(), limits, &turn);
       if (!status.ok()) return status;
     }
@@ -134,14 +124,14 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
       status = call.check(*entry);
       if (!status.ok()) return status;
     }
-    if (call.lock == Lock::kNone) return call.execute(*entry, response);
+    if (call.lock == Lock::kNone) return call.execute(*entry, context, response);
     std::unique_lock<std::timed_mutex> lock;
-    status = Acquire(ctx, *entry, &lock);
+    status = Acquire(context, *entry, &lock);
     if (!status.ok()) return status;
     if constexpr (std::is_same_v<Response, v1::StepResult>) {
       if (call.request_id != nullptr && Replay(*entry, *call.request_id, call.method, response, &status)) return status;
     }
-    status = call.execute(*entry, response);
+    status = call.execute(*entry, context, response);
     entry->RefreshInfo();
     if constexpr (std::is_same_v<Response, v1::StepResult>) {
       if (status.ok() && call.request_id != nullptr) entry->request_cache.Insert(*call.request_id, call.method, *response);
@@ -150,9 +140,9 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
   });
 }
 
-grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, SessionEntry& entry,
+grpc::Status TrainerService::Acquire(const tigon::CallContext& context, SessionEntry& entry,
                                      std::unique_lock<std::timed_mutex>* lock) {
-  const auto deadline = ctx->deadline();
+  const auto deadline = context.deadline;
   std::unique_lock<std::timed_mutex> step_lock(entry.step_mu, std::defer_lock);
   if (deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     step_lock.lock();  // no deadline (or one too far away to matter)
@@ -164,13 +154,8 @@ grpc::Status TrainerService::Acquire(grpc::ServerContext* ctx, SessionEntry& ent
   if (entry.closed) {
     return Error(grpc::StatusCode::NOT_FOUND, "session '" + entry.id + "' was closed");
   }
-  if (std::chrono::system_clock::now() >= deadline) {
-    return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                 "the deadline passed before the step started; nothing was applied");
-  }
-  if (ctx->IsCancelled()) {
-    return Error(grpc::StatusCode::CANCELLED, "the call was cancelled before the step started; nothing was applied");
-  }
+  grpc::Status wanted = ToGrpcStatus(context.Check("before the step started"));
+  if (!wanted.ok()) return wanted;
   entry.Touch();
   *lock = std::move(step_lock);
   return grpc::Status::OK;
@@ -209,35 +194,6 @@ grpc::Status TrainerService::FinishStep(const SessionEntry& entry, const char* m
   if (metrics_ != nullptr) metrics_->RecordStep(entry.id, entry.model_family, method, stats);
   return grpc::Status::OK;
 }
-
-grpc::Status TrainerService::AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method) {
-  const bool late = std::chrono::system_clock::now() >= ctx->deadline();
-  if (!late && !ctx->IsCancelled()) return grpc::Status::OK;
-  if (entry->world.world_size > 0) {
-    // A rank's gradients are already summed with the other ranks', which go on to apply them: dropping
-    // them here alone would leave this rank's weights different from theirs. The step finishes and is
-    // remembered under its request_id, so a retry gets its result.
-    spdlog::warn("session {} {}: the caller gave up, but a rank of a multi-server session finishes the step its "
-                 "peers finish", entry->id, method);
-    return grpc::Status::OK;
-  }
-  tigon::Status dropped = entry->session->DiscardGradients();
-  entry->RefreshInfo();
-  if (!dropped.ok()) {
-    // The gradients stay: finishing the step keeps the session consistent, and a retry with the same
-    // request_id gets its result.
-    spdlog::warn("session {} {}: the caller gave up, but the step goes on: {}", entry->id, method, dropped.message());
-    return grpc::Status::OK;
-  }
-  spdlog::info("session {} {}: the caller gave up during the backward pass; its gradients were dropped, no "
-               "update applied", entry->id, method);
-  return late ? Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      "the deadline passed during the forward and backward pass; the step was not applied")
-              : Error(grpc::StatusCode::CANCELLED,
-                      "the call was cancelled during the forward and backward pass; the step was not applied");
-}
-
-int64_t TrainerService::PendingBatches(const SessionEntry& entry) { return entry.InfoSnapshot().accumulated_batches; }
 
 grpc::Status TrainerService::FromEngine(const tigon::Status& status, const SessionEntry& entry) {
   if (status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
@@ -350,7 +306,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
 grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
                                         v1::SessionInfo* response) {
   SessionCall<v1::SessionInfo> call{"GetSession", &request->session_id(), Lock::kNone};
-  call.execute = [&](SessionEntry& entry, v1::SessionInfo* out) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::SessionInfo* out) {
     entry.Touch();
     ToProto(entry.InfoSnapshot(), entry.id, entry.world, out);
     return grpc::Status::OK;
@@ -370,7 +326,7 @@ grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::Cl
                                           v1::CloseSessionResponse* response) {
   SessionCall<v1::CloseSessionResponse> call{"CloseSession", &request->session_id(), Lock::kNone};
   call.order = &request->order();
-  call.execute = [&](SessionEntry& entry, v1::CloseSessionResponse*) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CloseSessionResponse*) {
     if (!sessions_.Remove(entry.id)) {
       return Error(grpc::StatusCode::NOT_FOUND, "session '" + entry.id + "' was closed");
     }
@@ -392,15 +348,9 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
   call.check = [&](const SessionEntry& entry) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
-  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
-    const bool first_of_step = PendingBatches(entry) == 0;
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
     tigon::StepStats stats;
-    tigon::Status engine_status = entry.session->ForwardBackward(batch, &stats);
-    // Gradients added to earlier pending ones cannot be taken back alone; the first ones can.
-    if (engine_status.ok() && first_of_step) {
-      grpc::Status status = AbandonIfUnwanted(ctx, &entry, "ForwardBackward");
-      if (!status.ok()) return status;
-    }
+    tigon::Status engine_status = entry.session->ForwardBackward(batch, context, &stats);
     spdlog::debug("session {} ForwardBackward loss={:.5f} tokens={} pending={}", entry.id, stats.loss, stats.tokens,
                   stats.accumulated_batches);
     return FinishStep(entry, "ForwardBackward", engine_status, stats, out);
@@ -414,13 +364,13 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
   call.order = &request->order();
   call.request_id = &request->request_id();
   call.check = [&](const SessionEntry&) { return ValidateOptimizerSettings(request->optimizer()); };
-  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
-    if (PendingBatches(entry) == 0) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
+    if (entry.InfoSnapshot().accumulated_batches == 0) {
       return Error(grpc::StatusCode::FAILED_PRECONDITION,
                    "no accumulated gradients: call ForwardBackward before OptimStep");
     }
     tigon::StepStats stats;
-    tigon::Status engine_status = entry.session->OptimStep(ToEngineOverrides(request->optimizer()), &stats);
+    tigon::Status engine_status = entry.session->OptimStep(ToEngineOverrides(request->optimizer()), context, &stats);
     spdlog::debug("session {} OptimStep step={} grad_norm={:.5f} lr={}", entry.id, stats.step, stats.grad_norm,
                   stats.lr);
     return FinishStep(entry, "OptimStep", engine_status, stats, out);
@@ -438,28 +388,12 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     grpc::Status status = CheckBatch(entry, request->has_batch(), request->batch(), &batch);
     return status.ok() ? ValidateOptimizerSettings(request->optimizer()) : status;
   };
-  call.execute = [&](SessionEntry& entry, v1::StepResult* out) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
     tigon::StepStats stats;
-    tigon::Status engine_status;
-    if (PendingBatches(entry) == 0 && !entry.InfoSnapshot().optimizer_in_backward) {
-      // Two engine calls instead of one, so that a call whose deadline passed during the (long) forward
-      // and backward pass is not applied: its gradients are dropped before the optimizer update.
-      // (With optimizer_in_backward the update happens inside backward: one engine call.)
-      tigon::StepStats optim;
-      engine_status = entry.session->ForwardBackward(batch, &stats);
-      if (engine_status.ok()) {
-        grpc::Status status = AbandonIfUnwanted(ctx, &entry, "TrainStep");
-        if (!status.ok()) return status;
-        engine_status = entry.session->OptimStep(ToEngineOverrides(request->optimizer()), &optim);
-        if (!engine_status.ok() && entry.session->Info().accumulated_batches > 0) {
-          entry.session->DiscardGradients();  // "on failure nothing is applied", as in the engine's TrainStep
-        }
-      }
-      if (engine_status.ok()) MergeTrainStepStats(optim, &stats);
-    } else {
-      // Gradients from earlier ForwardBackward calls join this step (the engine's TrainStep semantics).
-      engine_status = entry.session->TrainStep(batch, ToEngineOverrides(request->optimizer()), &stats);
-    }
+    // Gradients pending from earlier ForwardBackward calls join this step; the engine stops it before the
+    // update when the caller gave up during the forward and backward pass (tigon::CallContext).
+    tigon::Status engine_status =
+        entry.session->TrainStep(batch, ToEngineOverrides(request->optimizer()), context, &stats);
     spdlog::debug("session {} TrainStep step={} loss={:.5f} tokens={} {:.0f} tokens/s", entry.id, stats.step,
                   stats.loss, stats.tokens, stats.tokens_per_second);
     return FinishStep(entry, "TrainStep", engine_status, stats, out);
@@ -475,10 +409,10 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
   call.check = [&](const SessionEntry& entry) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
-  call.execute = [&](SessionEntry& entry, v1::ForwardResponse* out) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::ForwardResponse* out) {
     const auto start = Clock::now();
     tigon::ForwardResult result;
-    tigon::Status engine_status = entry.session->Forward(batch, &result);
+    tigon::Status engine_status = entry.session->Forward(batch, context, &result);
     const double seconds = SecondsSince(start);
     if (!engine_status.ok()) return FromEngine(engine_status, entry);
     out->set_loss(result.loss);
@@ -499,7 +433,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
   call.order = &request->order();
   call.check = [&](const SessionEntry&) { return checkpoints_.Resolve(request->path(), &absolute, &relative); };
-  call.execute = [&](SessionEntry& entry, v1::CheckpointResponse* out) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(absolute).parent_path(), ec);
     if (ec) {
@@ -532,7 +466,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
     }
     return grpc::Status::OK;
   };
-  call.execute = [&](SessionEntry& entry, v1::CheckpointResponse* out) {
+  call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
     tigon::Status engine_status = entry.session->LoadCheckpoint(absolute);
     if (!engine_status.ok()) return FromEngine(engine_status, entry);

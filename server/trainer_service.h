@@ -110,7 +110,8 @@ class TrainerService final : public v1::Trainer::Service {
     // Calls a client numbered: run after the calls it sent before them on the session (SessionSequence).
     const v1::CallOrder* order = nullptr;
     std::function<grpc::Status(const SessionEntry&)> check;  // may be empty
-    std::function<grpc::Status(SessionEntry&, Response*)> execute;
+    // Under the step lock (Lock::kStep); `context` carries the call's deadline and cancellation to the engine.
+    std::function<grpc::Status(SessionEntry&, const tigon::CallContext& context, Response*)> execute;
   };
   template <typename Response>
   grpc::Status RunSessionCall(grpc::ServerContext* ctx, const SessionCall<Response>& call, Response* response);
@@ -121,7 +122,8 @@ class TrainerService final : public v1::Trainer::Service {
                       const std::function<grpc::Status(const Caller&)>& body);
   // Takes the session's step lock, giving up when the call's deadline passes first; then checks that
   // the session is still open and that the call is still wanted (not cancelled, deadline not passed).
-  grpc::Status Acquire(grpc::ServerContext* ctx, SessionEntry& entry, std::unique_lock<std::timed_mutex>* lock);
+  grpc::Status Acquire(const tigon::CallContext& context, SessionEntry& entry,
+                       std::unique_lock<std::timed_mutex>* lock);
   // A request_id seen before on this session: sets `status` (the first result, replayed, or
   // INVALID_ARGUMENT when the id was used by another method) and returns true.
   static bool Replay(SessionEntry& entry, const std::string& request_id, const char* method, v1::StepResult* response,
@@ -131,12 +133,6 @@ class TrainerService final : public v1::Trainer::Service {
                           const tigon::StepStats& stats, v1::StepResult* response);
   // The request has a batch that is valid for the session's model; converted.
   grpc::Status CheckBatch(const SessionEntry& entry, bool has_batch, const v1::Batch& batch, tigon::Batch* out) const;
-  // After the backward pass of a step that started without pending gradients: when the call is no
-  // longer wanted (deadline passed, cancelled), drops the step's gradients and returns the status
-  // that says nothing was applied; OK otherwise.
-  grpc::Status AbandonIfUnwanted(grpc::ServerContext* ctx, SessionEntry* entry, const char* method);
-  // Forward-backward calls whose gradients wait for an optimizer step (from the last refreshed info).
-  static int64_t PendingBatches(const SessionEntry& entry);
   grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
   // Under the session's step lock: closes it and records why.
   void CloseEntry(SessionEntry& entry, const std::string& why);

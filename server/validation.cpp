@@ -8,17 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include "server/status_map.h"
+
 namespace tigon::server {
 namespace {
 
 grpc::Status Invalid(const std::string& message) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message); }
-
-// "input_ids[1][5]" for flat index 21 of a [batch, 16] batch.
-std::string Position(const char* field, int64_t index, int64_t seq_len) {
-  std::ostringstream out;
-  out << field << "[" << index / seq_len << "][" << index % seq_len << "]";
-  return out.str();
-}
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
@@ -26,107 +21,17 @@ std::string Join(const std::vector<std::string>& items) {
   return out;
 }
 
-bool OneOf(const std::string& value, std::initializer_list<const char*> allowed) {
-  for (const char* a : allowed) {
-    if (value == a) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits) {
-  if (rows <= 0 || seq_len <= 0) {
-    std::ostringstream out;
-    out << "batch and seq_len must be positive (got batch=" << rows << ", seq_len=" << seq_len << ")";
-    return Invalid(out.str());
-  }
-  // The product can overflow int64 when --max-batch-tokens is huge (the flag takes any int64).
-  int64_t tokens = 0;
-  if (rows > limits.max_batch_tokens || seq_len > limits.max_batch_tokens ||
-      __builtin_mul_overflow(rows, seq_len, &tokens) || tokens > limits.max_batch_tokens) {
-    std::ostringstream out;
-    out << "server limit: the batch has " << rows << " x " << seq_len << " tokens, more than the "
-        << limits.max_batch_tokens << " tokens per request this server accepts (--max-batch-tokens)";
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, out.str());
-  }
-  if (limits.max_position_embeddings > 0 && seq_len > limits.max_position_embeddings) {
-    std::ostringstream out;
-    out << "seq_len " << seq_len << " is longer than the model's max_position_embeddings "
-        << limits.max_position_embeddings;
-    return Invalid(out.str());
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(tigon::CheckBatchShape(rows, seq_len, limits));
 }
 
 grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
-  const int64_t rows = batch.batch(), seq_len = batch.seq_len();
-  grpc::Status shape = ValidateBatchShape(rows, seq_len, limits);
+  // The shape first, so that a batch over the limit is refused before its values are copied.
+  grpc::Status shape = ValidateBatchShape(batch.batch(), batch.seq_len(), limits);
   if (!shape.ok()) return shape;
-  const int64_t tokens = rows * seq_len;
-  auto check_size = [&](const char* field, int64_t size, bool optional) -> grpc::Status {
-    if (size == tokens || (optional && size == 0)) return grpc::Status::OK;
-    std::ostringstream out;
-    out << field << " has " << size << " values; batch * seq_len = " << rows << " * " << seq_len << " = " << tokens
-        << (optional ? " (or 0 for the default)" : "");
-    return Invalid(out.str());
-  };
-  grpc::Status status = check_size("input_ids", batch.input_ids_size(), false);
-  if (!status.ok()) return status;
-  status = check_size("labels", batch.labels_size(), true);
-  if (!status.ok()) return status;
-  status = check_size("loss_weights", batch.loss_weights_size(), true);
-  if (!status.ok()) return status;
-
-  const int64_t vocab = limits.vocab_size;
-  for (int64_t i = 0; i < tokens; ++i) {
-    const int32_t id = batch.input_ids(static_cast<int>(i));
-    if (id < 0 || id >= vocab) {
-      std::ostringstream out;
-      out << Position("input_ids", i, seq_len) << " = " << id << " is outside the vocabulary [0, " << vocab << ")";
-      return Invalid(out.str());
-    }
-  }
-  const bool explicit_labels = batch.labels_size() > 0;
-  if (explicit_labels) {
-    for (int64_t i = 0; i < tokens; ++i) {
-      const int32_t label = batch.labels(static_cast<int>(i));
-      if (label != tigon::kIgnoreIndex && (label < 0 || label >= vocab)) {
-        std::ostringstream out;
-        out << Position("labels", i, seq_len) << " = " << label << " is outside the vocabulary [0, " << vocab
-            << ") and is not the ignore index " << tigon::kIgnoreIndex;
-        return Invalid(out.str());
-      }
-    }
-  }
-  const bool weighted = batch.loss_weights_size() > 0;
-  if (weighted) {
-    for (int64_t i = 0; i < tokens; ++i) {
-      const float w = batch.loss_weights(static_cast<int>(i));
-      if (!std::isfinite(w) || w < 0.0f) {
-        std::ostringstream out;
-        out << Position("loss_weights", i, seq_len) << " = " << w << " is not a finite value >= 0";
-        return Invalid(out.str());
-      }
-    }
-  }
-  // The loss is a weighted mean over target positions: it needs at least one with a positive weight.
-  double target_weight = 0.0;
-  for (int64_t i = 0; i < tokens; ++i) {
-    const bool is_target =
-        explicit_labels ? batch.labels(static_cast<int>(i)) != tigon::kIgnoreIndex : (i % seq_len) != seq_len - 1;
-    if (is_target) target_weight += weighted ? batch.loss_weights(static_cast<int>(i)) : 1.0;
-  }
-  if (target_weight <= 0.0) {
-    if (!explicit_labels && seq_len < 2) {
-      return Invalid(
-          "the batch has no target tokens: with default labels (inputs shifted by one) "
-          "seq_len must be at least 2");
-    }
-    if (weighted) return Invalid("the batch has no target token with a positive loss weight");
-    return Invalid("the batch has no target tokens: every label is -100");
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(tigon::CheckBatch(ToEngineBatch(batch), limits));
 }
 
 tigon::Batch ToEngineBatch(const v1::Batch& batch) {
@@ -139,23 +44,9 @@ tigon::Batch ToEngineBatch(const v1::Batch& batch) {
   return out;
 }
 
-grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& s) {
-  auto check = [](bool present, double value, bool ok, const char* name, const char* rule) -> grpc::Status {
-    if (!present || (std::isfinite(value) && ok)) return grpc::Status::OK;
-    std::ostringstream out;
-    out << "optimizer " << name << " = " << value << " is invalid: it must be " << rule;
-    return Invalid(out.str());
-  };
-  grpc::Status st;
-  if (!(st = check(s.has_lr(), s.lr(), s.lr() >= 0, "lr", "finite and >= 0")).ok()) return st;
-  if (!(st = check(s.has_beta1(), s.beta1(), s.beta1() >= 0 && s.beta1() < 1, "beta1", "in [0, 1)")).ok()) return st;
-  if (!(st = check(s.has_beta2(), s.beta2(), s.beta2() >= 0 && s.beta2() < 1, "beta2", "in [0, 1)")).ok()) return st;
-  if (!(st = check(s.has_eps(), s.eps(), s.eps() > 0, "eps", "finite and > 0")).ok()) return st;
-  if (!(st = check(s.has_weight_decay(), s.weight_decay(), s.weight_decay() >= 0, "weight_decay", "finite and >= 0"))
-           .ok())
-    return st;
-  return check(s.has_max_grad_norm(), s.max_grad_norm(), s.max_grad_norm() >= 0, "max_grad_norm",
-               "finite and >= 0 (0 disables clipping)");
+grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& settings) {
+  // The defaults pass, so a refusal names a field the request set.
+  return ToGrpcStatus(tigon::ApplyOptimizerOverrides(tigon::OptimizerSettings(), ToEngineOverrides(settings), nullptr));
 }
 
 tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& s) {
@@ -253,30 +144,13 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
     }
   }
   options->precision = request.precision().empty() ? "bf16" : request.precision();
-  if (!OneOf(options->precision, {"fp32", "bf16", "bf16_mixed"})) {
-    return Invalid("precision \"" + options->precision + "\" is not one of fp32, bf16, bf16_mixed");
-  }
   options->kernels = request.kernels().empty() ? "fused" : request.kernels();
-  if (!OneOf(options->kernels, {"fused", "reference"})) {
-    return Invalid("kernels \"" + options->kernels + "\" is not one of fused, reference");
-  }
-  for (const auto& [op, choice] : request.kernel_overrides()) {
-    if (op.empty()) return Invalid("kernel_overrides has an empty op name");
-    if (!OneOf(choice, {"fused", "reference"})) {
-      return Invalid("kernel_overrides[\"" + op + "\"] = \"" + choice + "\" is not one of fused, reference");
-    }
-    options->kernel_overrides[op] = choice;
-  }
-  grpc::Status status = ValidateOptimizerSettings(request.optimizer());
+  for (const auto& [op, choice] : request.kernel_overrides()) options->kernel_overrides[op] = choice;
+  grpc::Status status = ToGrpcStatus(tigon::ApplyOptimizerOverrides(
+      options->optimizer, ToEngineOverrides(request.optimizer()), &options->optimizer));
   if (!status.ok()) return status;
-  tigon::OptimizerOverrides o = ToEngineOverrides(request.optimizer());
-  tigon::OptimizerSettings& settings = options->optimizer;
-  settings.lr = o.lr.value_or(settings.lr);
-  settings.beta1 = o.beta1.value_or(settings.beta1);
-  settings.beta2 = o.beta2.value_or(settings.beta2);
-  settings.eps = o.eps.value_or(settings.eps);
-  settings.weight_decay = o.weight_decay.value_or(settings.weight_decay);
-  settings.max_grad_norm = o.max_grad_norm.value_or(settings.max_grad_norm);
+  status = ToGrpcStatus(tigon::CheckSessionChoices(*options));
+  if (!status.ok()) return status;
   options->seed = request.seed();
   options->optimizer_in_backward = request.optimizer_in_backward();
   std::set<int> seen;

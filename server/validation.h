@@ -14,24 +14,18 @@
 
 namespace tigon::server {
 
-// What a batch is checked against: the session's model and the server's limit.
-struct BatchLimits {
-  int64_t vocab_size = 0;
-  int64_t max_position_embeddings = 0;  // 0: no limit from the model
-  int64_t max_batch_tokens = 0;
-};
-
-// Shapes (batch * seq_len values in input_ids, and in labels/loss_weights when given), ids in
-// [0, vocab), labels in [0, vocab) or -100, finite non-negative weights, at least one target token
-// with a positive weight. RESOURCE_EXHAUSTED when batch * seq_len is over --max-batch-tokens;
-// INVALID_ARGUMENT for everything else.
+// A batch is checked against the session's model and the server's limit by the engine's one batch
+// contract (tigon::CheckBatch in engine.h, which says the rules): the same batch gets the same answer
+// here, before any lock, as from the engine. RESOURCE_EXHAUSTED when batch * seq_len is over
+// --max-batch-tokens; INVALID_ARGUMENT for everything else.
+using BatchLimits = tigon::BatchLimits;
 grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits);
 // The part of ValidateBatch that needs only the shape: positive, within the limit and the model.
 grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits);
 
 tigon::Batch ToEngineBatch(const v1::Batch& batch);
 
-// lr >= 0, beta1/beta2 in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0, all finite.
+// The settings that are set, by the engine's rule (tigon::CheckOptimizerSettings).
 grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& settings);
 tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& settings);
 

@@ -14,227 +14,29 @@
 // replica's status, pending gradients are dropped everywhere, the group is reset and the session stays
 // usable. When the replicas can no longer be known to hold the same weights (an update or a checkpoint load
 // that failed on some of them only), the session reports itself broken.
-#include <ATen/ThreadLocalState.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cmath>
-#include <chrono>
-#include <condition_variable>
-#include <exception>
-#include <functional>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "clock.h"
 #include "communicator.h"
 #include "device_memory.h"
+#include "exception_status.h"
 #include "gradient_buckets.h"
 #include "log.h"
 #include "replica.h"
+#include "replica_threads.h"
+#include "step_marks.h"
+#include "step_stats.h"
 #include "testing/test_hooks.h"
 #include "tigon/data_parallel.h"
-
-#ifdef TIGON_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
 
 namespace tigon {
 namespace engine {
 namespace {
-
-// One long-lived thread per replica. Creating and joining threads on every call cost time and gave LibTorch
-// fresh thread-local state each step (cuBLAS handle windows, current streams). Run(count, fn) runs fn(r) for
-// every r < count on replica r's thread with the caller's thread-local state (grad mode, a running
-// profiler) and returns when all are done; calls are serialised. With fewer than two replicas everything
-// runs on the calling thread.
-class ReplicaThreads {
- public:
-  explicit ReplicaThreads(int replicas) {
-    if (replicas < 2) return;
-    for (int r = 0; r < replicas; ++r) threads_.emplace_back([this, r] { Loop(r); });
-  }
-  ~ReplicaThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& thread : threads_) thread.join();
-  }
-  ReplicaThreads(const ReplicaThreads&) = delete;
-  ReplicaThreads& operator=(const ReplicaThreads&) = delete;
-
-  // fn should not throw; if it does, the first exception is rethrown here once every replica is done.
-  void Run(int count, const std::function<void(int)>& fn) {
-    std::lock_guard<std::mutex> serial(run_mutex_);
-    if (threads_.empty()) {
-      for (int r = 0; r < count; ++r) fn(r);
-      return;
-    }
-    const at::ThreadLocalState state;
-    std::unique_lock<std::mutex> lock(mutex_);
-    job_ = &fn;
-    state_ = &state;
-    count_ = std::min<int>(count, static_cast<int>(threads_.size()));
-    remaining_ = count_;
-    error_ = nullptr;
-    ++generation_;
-    wake_.notify_all();
-    done_.wait(lock, [this] { return remaining_ == 0; });
-    job_ = nullptr;
-    state_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void Loop(int r) {
-    uint64_t seen = 0;
-    while (true) {
-      const std::function<void(int)>* job = nullptr;
-      const at::ThreadLocalState* state = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        if (r >= count_) continue;
-        job = job_;
-        state = state_;
-      }
-      std::exception_ptr error;
-      try {
-        at::ThreadLocalStateGuard guard(*state);
-        (*job)(r);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (error && !error_) error_ = error;
-      if (--remaining_ == 0) done_.notify_all();
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex run_mutex_;  // one Run at a time
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  const at::ThreadLocalState* state_ = nullptr;
-  int count_ = 0;
-  int remaining_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-};
-
-Status StatusFromError(const std::exception& e, const char* call) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-  if (IsOutOfMemory(what))
-    return Status(StatusCode::kResourceExhausted, std::string("device memory exhausted during ") + call + ": " +
-                                                      what.substr(0, 400));
-  return Status(StatusCode::kInternal, std::string(call) + " failed: " + what.substr(0, 2000));
-}
-
-void* CurrentStream(const torch::Device& device) {
-#ifdef TIGON_WITH_CUDA
-  if (device.is_cuda()) return c10::cuda::getCurrentCUDAStream(device.index()).stream();
-#else
-  (void)device;
-#endif
-  return nullptr;
-}
-
-// Points of one replica's forward_backward on its device: CUDA events on the compute stream (device time,
-// ReplicaTimings); nothing for CPU replicas, whose timings come from the host clock.
-class StepMarks {
- public:
-  enum Mark { kStart = 0, kFirstGradient = 1, kBackwardEnd = 2 };
-
-  explicit StepMarks(torch::Device device) : device_(device) {}
-  ~StepMarks() {
-#ifdef TIGON_WITH_CUDA
-    for (auto& event : events_)
-      if (event != nullptr) cudaEventDestroy(event);
-#endif
-  }
-  StepMarks(const StepMarks&) = delete;
-  StepMarks& operator=(const StepMarks&) = delete;
-
-  // Forgets the last step's marks; creates the events on the replica's device the first time.
-  void Clear() {
-    recorded_ = {false, false, false};
-#ifdef TIGON_WITH_CUDA
-    if (!device_.is_cuda() || events_[0] != nullptr) return;
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) return;
-    if (cudaSetDevice(device_.index()) == cudaSuccess) {
-      for (auto& event : events_) {
-        if (cudaEventCreate(&event) != cudaSuccess) event = nullptr;
-      }
-    }
-    cudaSetDevice(previous);
-#endif
-  }
-
-  // On any thread: marks the point the replica's compute stream has reached.
-  void Record(Mark mark) {
-#ifdef TIGON_WITH_CUDA
-    if (!device_.is_cuda() || events_[mark] == nullptr) return;
-    auto stream = static_cast<cudaStream_t>(CurrentStream(device_));
-    recorded_[mark] = cudaEventRecord(events_[mark], stream) == cudaSuccess;
-#else
-    (void)mark;
-#endif
-  }
-
-  // Device milliseconds between two recorded marks (waits for `to`); negative when not known.
-  double Ms(Mark from, Mark to) {
-#ifdef TIGON_WITH_CUDA
-    if (!recorded_[from] || !recorded_[to]) return -1.0;
-    if (cudaEventSynchronize(events_[to]) != cudaSuccess) return -1.0;
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, events_[from], events_[to]) != cudaSuccess) return -1.0;
-    return ms;
-#else
-    (void)from;
-    (void)to;
-    return -1.0;
-#endif
-  }
-
- private:
-  torch::Device device_;
-  std::array<bool, 3> recorded_{false, false, false};
-#ifdef TIGON_WITH_CUDA
-  std::array<cudaEvent_t, 3> events_{nullptr, nullptr, nullptr};
-#endif
-};
-
-// Rows [first, first + count) of `batch`.
-Batch SliceRows(const Batch& batch, int64_t first, int64_t count) {
-  Batch out;
-  out.batch = count;
-  out.seq_len = batch.seq_len;
-  const int64_t begin = first * batch.seq_len, end = (first + count) * batch.seq_len;
-  out.input_ids.assign(batch.input_ids.begin() + begin, batch.input_ids.begin() + end);
-  if (!batch.labels.empty()) out.labels.assign(batch.labels.begin() + begin, batch.labels.begin() + end);
-  if (!batch.loss_weights.empty())
-    out.loss_weights.assign(batch.loss_weights.begin() + begin, batch.loss_weights.begin() + end);
-  return out;
-}
-
-// Rows per replica: as even as possible, the first replicas taking one more.
-std::vector<int64_t> SplitRows(int64_t rows, int replicas) {
-  std::vector<int64_t> counts(replicas, rows / replicas);
-  for (int64_t r = 0; r < rows % replicas; ++r) counts[r] += 1;
-  return counts;
-}
 
 class DataParallelSession final : public Session {
  public:
@@ -252,6 +54,7 @@ class DataParallelSession final : public Session {
       marks_.push_back(std::make_unique<StepMarks>(replica->device()));
     }
     spans_processes_ = group_->rank(0).size() > static_cast<int>(replicas_.size());
+    limits_ = BatchLimitsOf(replicas_[0]->Info());
     const auto dtype = replicas_[0]->flat().grads().scalar_type();
     reduce_dtype_ = dtype == torch::kFloat ? ReduceDtype::kFloat32 : ReduceDtype::kBFloat16;
   }
@@ -285,25 +88,30 @@ class DataParallelSession final : public Session {
     return info;
   }
 
-  Status ForwardBackward(const Batch& batch, StepStats* stats) override {
+  Status ForwardBackward(const Batch& batch, const CallContext& context, StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckUsable());
+    // The context first: a rank of a session over several processes that leaves after agreeing on the
+    // batch would leave the others waiting in the gradient sums.
+    TIGON_RETURN_IF_ERROR(context.Check("before the step started"));
     TIGON_RETURN_IF_ERROR(CheckTrainingBatch(batch));
+    const bool first_of_step = pending_batches_ == 0;
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out));
+    if (first_of_step) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
     StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
 
-  Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) override {
+  Status OptimStep(const OptimizerOverrides& overrides, const CallContext& context, StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckUsable());
     if (pending_batches_ == 0)
       return Status(StatusCode::kFailedPrecondition,
                     "optim_step needs accumulated gradients: call forward_backward first");
-    OptimizerSettings settings;
-    TIGON_RETURN_IF_ERROR(replicas_[0]->ResolveOptimizerSettings(overrides, &settings));
+    TIGON_RETURN_IF_ERROR(ApplyOptimizerOverrides(Info().optimizer, overrides, nullptr));
+    TIGON_RETURN_IF_ERROR(context.Check("before the update"));
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunOptimStep(overrides, &out));
     StampWallTime(start, &out);
@@ -311,30 +119,29 @@ class DataParallelSession final : public Session {
     return Status::Ok();
   }
 
-  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) override {
+  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, const CallContext& context,
+                   StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckUsable());
+    TIGON_RETURN_IF_ERROR(context.Check("before the step started"));  // first: see ForwardBackward
     TIGON_RETURN_IF_ERROR(CheckTrainingBatch(batch));
-    OptimizerSettings settings;
-    TIGON_RETURN_IF_ERROR(replicas_[0]->ResolveOptimizerSettings(overrides, &settings));
+    TIGON_RETURN_IF_ERROR(ApplyOptimizerOverrides(Info().optimizer, overrides, nullptr));
+    const bool joins_pending = pending_batches_ > 0;
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out));
-    StepStats optim;
-    TIGON_RETURN_IF_ERROR(RunOptimStep(overrides, &optim));
-    out.step = optim.step;
-    out.grad_norm = optim.grad_norm;
-    out.lr = optim.lr;
-    out.accumulated_batches = 0;
-    out.peak_allocated_bytes = std::max(out.peak_allocated_bytes, optim.peak_allocated_bytes);
-    out.peak_reserved_bytes = std::max(out.peak_reserved_bytes, optim.peak_reserved_bytes);
+    if (!joins_pending) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
+    StepStats update;
+    TIGON_RETURN_IF_ERROR(RunOptimStep(overrides, &update));
+    MergeUpdateStats(update, &out);
     StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
 
-  Status Forward(const Batch& batch, ForwardResult* result) override {
+  Status Forward(const Batch& batch, const CallContext& context, ForwardResult* result) override {
     TIGON_RETURN_IF_ERROR(CheckUsable());
-    TIGON_RETURN_IF_ERROR(replicas_[0]->CheckBatch(batch, /*need_targets=*/false));
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    TIGON_RETURN_IF_ERROR(context.Check("before the forward pass started"));
     // No collectives here, so a batch with fewer rows than replicas simply uses fewer of them.
     const int used = static_cast<int>(std::min<int64_t>(batch.batch, replicas()));
     const auto counts = SplitRows(batch.batch, used);
@@ -343,7 +150,7 @@ class DataParallelSession final : public Session {
     threads_.Run(used, [&](int r) {
       int64_t first = 0;
       for (int k = 0; k < r; ++k) first += counts[k];
-      statuses[r] = replicas_[r]->Forward(SliceRows(batch, first, counts[r]), &parts[r]);
+      statuses[r] = replicas_[r]->ForwardRows(SliceRows(batch, first, counts[r]), &parts[r]);
     });
     for (int r = 0; r < used; ++r) {
       if (!statuses[r].ok()) return Annotate(statuses[r], r, "forward");
@@ -412,37 +219,43 @@ class DataParallelSession final : public Session {
   // Ranks in other processes check their own rows; all of them must agree before any collective starts
   // (a rank that refused its rows would leave the others waiting in the gradient sums).
   Status AgreeOnBatch(const Batch& batch) {
-    Status local = replicas_[0]->CheckBatch(batch, /*need_targets=*/false);
-    double values[2] = {local.ok() ? 0.0 : 1.0, local.ok() ? static_cast<double>(CountTargets(batch)) : 0.0};
-    Status summed = group_->rank(0).AllReduceValues(values, 2);
+    Status local = CheckBatch(batch, limits_);
+    double refusals = local.ok() ? 0.0 : 1.0;
+    Status summed = group_->rank(0).AllReduceValues(&refusals, 1);
     if (!summed.ok()) {
       broken_ = Status(StatusCode::kUnavailable, "the ranks could not agree on a batch: " + summed.message());
       return broken_;
     }
     if (!local.ok()) return local;
-    if (values[0] > 0)
-      return Status(StatusCode::kInvalidArgument, std::to_string(static_cast<int>(values[0])) +
-                                                       " other rank(s) refused their rows of this batch");
-    if (values[1] == 0)
-      return Status(StatusCode::kInvalidArgument, "the batch has no target tokens on any rank (every label is -100)");
+    if (refusals > 0)
+      return Status(StatusCode::kInvalidArgument,
+                    std::to_string(static_cast<int>(refusals)) + " other rank(s) refused their rows of this batch");
     return Status::Ok();
-  }
-
-  static int64_t CountTargets(const Batch& batch) {
-    if (batch.labels.empty()) return batch.batch * (batch.seq_len - 1);
-    int64_t targets = 0;
-    for (int32_t label : batch.labels) targets += label != kIgnoreIndex ? 1 : 0;
-    return targets;
   }
 
   Status CheckTrainingBatch(const Batch& batch) {
     if (spans_processes_) return AgreeOnBatch(batch);
-    TIGON_RETURN_IF_ERROR(replicas_[0]->CheckBatch(batch, /*need_targets=*/true));
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
     if (batch.batch < replicas())
       return Status(StatusCode::kInvalidArgument,
                     "a batch of " + std::to_string(batch.batch) + " row(s) cannot be split over " +
                         std::to_string(replicas()) + " data-parallel replicas: give at least one row per replica");
     return Status::Ok();
+  }
+
+  // After the forward-backward pass of a step that started without pending gradients: a call no longer
+  // wanted drops them on every replica. A rank of a session over several processes goes on: its gradients
+  // are already summed with the other ranks', which apply them.
+  Status DropIfUnwanted(const CallContext& context) {
+    if (spans_processes_) return Status::Ok();
+    Status wanted = context.Check("during the forward and backward pass");
+    if (wanted.ok()) return wanted;
+    for (auto& replica : replicas_) replica->DropPendingGradients();
+    pending_batches_ = 0;
+    pending_tokens_ = 0;
+    Logf(LogLevel::kInfo, "the caller gave up during the forward and backward pass; its gradients were dropped on "
+                          "every replica, no update applied");
+    return wanted;
   }
 
   std::string ReplicaName(int r) const {
@@ -546,7 +359,9 @@ class DataParallelSession final : public Session {
           timings[r].wait_ms = 1e3 * SecondsSince(wait_start);
         }
       } catch (const std::exception& e) {
-        status = StatusFromError(e, "forward_backward");
+        // The others first: returning this device's cached memory (out of memory) waits for its collectives.
+        OnReplicaFailed(r, e.what());
+        status = StatusFromException(e, replica.device(), "forward_backward");
       }
       if (!status.ok() && !comm_errors[r].ok()) status = comm_errors[r];
       buckets.Disarm();
@@ -593,23 +408,6 @@ class DataParallelSession final : public Session {
     return Status::Ok();
   }
 
-  // Forward and backward of one replica: device time between the CUDA marks where there are any, else host
-  // time. A replica whose rows produced no gradient has no first-gradient mark: all of it is forward.
-  static void FillForwardBackwardTimings(StepMarks& marks, double first_gradient_s, double backward_end_s,
-                                         ReplicaTimings* out) {
-    const bool had_gradient = first_gradient_s >= 0;
-    out->host_forward_ms = 1e3 * (had_gradient ? first_gradient_s : backward_end_s);
-    const double device_forward =
-        marks.Ms(StepMarks::kStart, had_gradient ? StepMarks::kFirstGradient : StepMarks::kBackwardEnd);
-    if (device_forward >= 0) {
-      out->forward_ms = device_forward;
-      out->backward_ms = had_gradient ? std::max(0.0, marks.Ms(StepMarks::kFirstGradient, StepMarks::kBackwardEnd)) : 0.0;
-    } else {
-      out->forward_ms = out->host_forward_ms;
-      out->backward_ms = had_gradient ? 1e3 * (backward_end_s - first_gradient_s) : 0.0;
-    }
-  }
-
   Status RunOptimStep(const OptimizerOverrides& overrides, StepStats* out) {
     const int n = replicas();
     std::vector<Status> statuses(n);
@@ -623,7 +421,7 @@ class DataParallelSession final : public Session {
         replicas_[r]->SetPendingTokens(pending_tokens_);
         statuses[r] = replicas_[r]->OptimStep(overrides, &parts[r]);
       } catch (const std::exception& e) {
-        statuses[r] = StatusFromError(e, "optim_step");
+        statuses[r] = StatusFromException(e, replicas_[r]->device(), "optim_step");
         replicas_[r]->DropPendingGradients();
       }
       update_ms[r] = 1e3 * SecondsSince(start);
@@ -668,6 +466,7 @@ class DataParallelSession final : public Session {
   int64_t pending_tokens_ = 0;
   Status broken_;
   bool spans_processes_ = false;  // ranks in other processes too (DataParallelOptions.world_size)
+  BatchLimits limits_;            // what CheckBatch holds this session's batches to
   DataParallelTimings timings_;
   std::atomic<int> first_failed_{-1};
 };
@@ -759,7 +558,7 @@ Status CreateDataParallelSession(const SessionOptions& options, const DataParall
     *session = std::move(dp);
     return Status::Ok();
   } catch (const std::exception& e) {
-    return StatusFromError(e, "create_session");
+    return StatusFromException(e, devices.empty() ? torch::Device(torch::kCPU) : devices.front(), "create_session");
   }
 }
 

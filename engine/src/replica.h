@@ -19,12 +19,11 @@ class ReplicaSession : public Session {
   virtual torch::Device device() const = 0;
   virtual models::DecoderModel& model() = 0;
   virtual FlatParameters& flat() = 0;
-  // The checks of ForwardBackward (need_targets) or Forward, with the whole batch's positions in messages.
-  virtual Status CheckBatch(const Batch& batch, bool need_targets) const = 0;
-  virtual Status ResolveOptimizerSettings(const OptimizerOverrides& overrides, OptimizerSettings* out) const = 0;
   // Forward and backward of rows already checked as part of a whole batch; the rows may hold no target
   // token. Adds to the pending gradients; on failure drops all of them, like ForwardBackward.
   virtual Status ForwardBackwardRows(const Batch& rows, StepStats* stats) = 0;
+  // Forward of rows already checked as part of a whole batch (they may hold no target token).
+  virtual Status ForwardRows(const Batch& rows, ForwardResult* result) = 0;
   virtual int64_t pending_tokens() const = 0;
   // The target tokens the pending gradients come from, over every replica (the optimizer's normaliser).
   virtual void SetPendingTokens(int64_t tokens) = 0;

@@ -14,12 +14,14 @@
 #include "atomic_dir.h"
 #include "clock.h"
 #include "device_memory.h"
+#include "exception_status.h"
 #include "flat_parameters.h"
 #include "optimizer_in_backward.h"
 #include "log.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "replica.h"
+#include "step_stats.h"
 #include "tigon/data_parallel.h"
 #include "tigon/engine.h"
 
@@ -66,25 +68,6 @@ bool UseUpdateStream() {
   return value == nullptr || std::string(value) != "0";
 }
 
-// Status from an exception thrown inside a step.
-Status StatusFromException(const std::exception& e, const torch::Device& device, const char* call) {
-  // c10 errors carry a C++ backtrace in what(); users get the message alone.
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr || IsOutOfMemory(what)) {
-    ReleaseCachedMemory(device);
-    const std::string memory = device.is_cpu() ? "CPU memory" : "device memory";
-    return Status(StatusCode::kResourceExhausted,
-                  memory + " exhausted on " + device.str() + " during " + call +
-                      "; the step was not applied: " + what.substr(0, 400));
-  }
-  if (dynamic_cast<const models::ModelError*>(&e) != nullptr ||
-      dynamic_cast<const std::invalid_argument*>(&e) != nullptr) {
-    return Status(StatusCode::kInvalidArgument, what);
-  }
-  return Status(StatusCode::kInternal, std::string(call) + " failed: " + what.substr(0, 2000));
-}
-
 class SessionImpl final : public ReplicaSession {
  public:
   SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
@@ -94,7 +77,8 @@ class SessionImpl final : public ReplicaSession {
         devices_(std::move(devices)),
         optimizer_(options.optimizer),
         seed_(options.seed),
-        fused_adamw_(fused_adamw) {
+        fused_adamw_(fused_adamw),
+        limits_{model_->config().vocab_size, model_->config().max_position_embeddings, 0} {
     // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
     flat_ = std::make_unique<FlatParameters>(*model_, precision, /*allocate_grads=*/!options.optimizer_in_backward);
     if (options.optimizer_in_backward)
@@ -121,18 +105,22 @@ class SessionImpl final : public ReplicaSession {
     return info;
   }
 
-  Status ForwardBackward(const Batch& batch, StepStats* stats) override {
+  Status ForwardBackward(const Batch& batch, const CallContext& context, StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckNotBroken());
-    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    TIGON_RETURN_IF_ERROR(context.Check("before the step started"));
+    const bool first_of_step = pending_batches_ == 0;
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "forward_backward"));
+    // Gradients added to earlier pending ones cannot be taken back alone; the first ones can.
+    if (first_of_step) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
     StampWallTime(start, &out);
     if (stats) *stats = out;
     return Status::Ok();
   }
 
-  Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) override {
+  Status OptimStep(const OptimizerOverrides& overrides, const CallContext& context, StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckNotBroken());
     if (pending_batches_ == 0) {
@@ -140,7 +128,8 @@ class SessionImpl final : public ReplicaSession {
                     "optim_step needs accumulated gradients: call forward_backward first");
     }
     OptimizerSettings settings;
-    TIGON_RETURN_IF_ERROR(ResolveOptimizer(overrides, &settings));
+    TIGON_RETURN_IF_ERROR(ApplyOptimizerOverrides(optimizer_, overrides, &settings));
+    TIGON_RETURN_IF_ERROR(context.Check("before the update"));
     ResetPeakMemory(device_);
     StepStats out;
     TIGON_RETURN_IF_ERROR(RunOptimStep(settings, &out));
@@ -151,12 +140,14 @@ class SessionImpl final : public ReplicaSession {
     return Status::Ok();
   }
 
-  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) override {
+  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, const CallContext& context,
+                   StepStats* stats) override {
     const auto start = Clock::now();
     TIGON_RETURN_IF_ERROR(CheckNotBroken());
-    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/true));
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
     OptimizerSettings settings;
-    TIGON_RETURN_IF_ERROR(ResolveOptimizer(overrides, &settings));
+    TIGON_RETURN_IF_ERROR(ApplyOptimizerOverrides(optimizer_, overrides, &settings));
+    TIGON_RETURN_IF_ERROR(context.Check("before the step started"));
     StepStats out;
     // Clipping needs the global norm before any update, and pending gradients must join this step.
     if (in_backward_ != nullptr && settings.max_grad_norm == 0 && pending_batches_ == 0) {
@@ -167,24 +158,27 @@ class SessionImpl final : public ReplicaSession {
       if (stats) *stats = out;
       return Status::Ok();
     }
+    const bool joins_pending = pending_batches_ > 0;
     TIGON_RETURN_IF_ERROR(RunForwardBackward(batch, &out, "train_step"));
-    StepStats optim;
-    Status status = RunOptimStep(settings, &optim);
-    if (!status.ok()) return status;
+    if (!joins_pending) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
+    StepStats update;
+    TIGON_RETURN_IF_ERROR(RunOptimStep(settings, &update));
     Synchronize(device_);
-    out.step = optim.step;
-    out.grad_norm = optim.grad_norm;
-    out.lr = optim.lr;
-    out.accumulated_batches = 0;
+    MergeUpdateStats(update, &out);
     StampWallTime(start, &out);
     FillMemory(&out);
     if (stats) *stats = out;
     return Status::Ok();
   }
 
-  Status Forward(const Batch& batch, ForwardResult* result) override {
+  Status Forward(const Batch& batch, const CallContext& context, ForwardResult* result) override {
     TIGON_RETURN_IF_ERROR(CheckNotBroken());
-    TIGON_RETURN_IF_ERROR(ValidateBatch(batch, /*need_targets=*/false));
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    TIGON_RETURN_IF_ERROR(context.Check("before the forward pass started"));
+    return ForwardRows(batch, result);
+  }
+
+  Status ForwardRows(const Batch& batch, ForwardResult* result) override {
     try {
       c10::DeviceGuard guard(device_);
       torch::NoGradGuard no_grad;
@@ -321,12 +315,6 @@ class SessionImpl final : public ReplicaSession {
   torch::Device device() const override { return device_; }
   models::DecoderModel& model() override { return *model_; }
   FlatParameters& flat() override { return *flat_; }
-  Status CheckBatch(const Batch& batch, bool need_targets) const override {
-    return ValidateBatch(batch, need_targets);
-  }
-  Status ResolveOptimizerSettings(const OptimizerOverrides& overrides, OptimizerSettings* out) const override {
-    return ResolveOptimizer(overrides, out);
-  }
   Status ForwardBackwardRows(const Batch& rows, StepStats* stats) override {
     return RunForwardBackward(rows, stats, "forward_backward");
   }
@@ -376,56 +364,6 @@ class SessionImpl final : public ReplicaSession {
     for (const auto& slot : flat_->slots()) layout.push_back({slot.name, slot.offset, slot.numel});
     state["flat_layout"] = layout;
     return state;
-  }
-
-  Status ValidateBatch(const Batch& batch, bool need_targets) const {
-    const int64_t vocab = model_->config().vocab_size;
-    if (batch.batch <= 0 || batch.seq_len <= 0)
-      return Status(StatusCode::kInvalidArgument,
-                    "batch shape must be positive, got [" + std::to_string(batch.batch) + ", " +
-                        std::to_string(batch.seq_len) + "]");
-    const int64_t n = batch.batch * batch.seq_len;
-    if (static_cast<int64_t>(batch.input_ids.size()) != n)
-      return Status(StatusCode::kInvalidArgument,
-                    "input_ids has " + std::to_string(batch.input_ids.size()) + " values, expected batch*seq_len = " +
-                        std::to_string(n));
-    if (!batch.labels.empty() && static_cast<int64_t>(batch.labels.size()) != n)
-      return Status(StatusCode::kInvalidArgument,
-                    "labels has " + std::to_string(batch.labels.size()) + " values, expected " + std::to_string(n));
-    if (!batch.loss_weights.empty() && static_cast<int64_t>(batch.loss_weights.size()) != n)
-      return Status(StatusCode::kInvalidArgument, "loss_weights has " + std::to_string(batch.loss_weights.size()) +
-                                                      " values, expected " + std::to_string(n));
-    const int64_t max_pos = model_->config().max_position_embeddings;
-    (void)max_pos;  // RoPE extrapolates; sequence length is limited by memory, not by this field.
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = batch.input_ids[i];
-      if (id < 0 || id >= vocab)
-        return Status(StatusCode::kInvalidArgument, "input_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
-                                                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    }
-    int64_t targets = 0;
-    if (batch.labels.empty()) {
-      targets = batch.batch * (batch.seq_len - 1);
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t label = batch.labels[i];
-        if (label == kIgnoreIndex) continue;
-        if (label < 0 || label >= vocab)
-          return Status(StatusCode::kInvalidArgument, "labels[" + std::to_string(i) + "] = " + std::to_string(label) +
-                                                          " is outside the vocabulary [0, " + std::to_string(vocab) +
-                                                          ") and is not -100");
-        ++targets;
-      }
-    }
-    for (size_t i = 0; i < batch.loss_weights.size(); ++i) {
-      const float w = batch.loss_weights[i];
-      if (!std::isfinite(w) || w < 0)
-        return Status(StatusCode::kInvalidArgument,
-                      "loss_weights[" + std::to_string(i) + "] = " + std::to_string(w) + " is not a finite value >= 0");
-    }
-    if (need_targets && targets == 0)
-      return Status(StatusCode::kInvalidArgument, "the batch has no target tokens (every label is -100)");
-    return Status::Ok();
   }
 
   // input_ids, labels (aligned; default = inputs shifted left), weights (undefined when absent).
@@ -589,28 +527,15 @@ class SessionImpl final : public ReplicaSession {
                   "the model; load a checkpoint to continue");
   }
 
-  Status ResolveOptimizer(const OptimizerOverrides& o, OptimizerSettings* out) const {
-    OptimizerSettings s = optimizer_;
-    if (o.lr) s.lr = *o.lr;
-    if (o.beta1) s.beta1 = *o.beta1;
-    if (o.beta2) s.beta2 = *o.beta2;
-    if (o.eps) s.eps = *o.eps;
-    if (o.weight_decay) s.weight_decay = *o.weight_decay;
-    if (o.max_grad_norm) s.max_grad_norm = *o.max_grad_norm;
-    return ValidateOptimizer(s, out);
-  }
-
- public:
-  static Status ValidateOptimizer(const OptimizerSettings& s, OptimizerSettings* out) {
-    auto bad = [](const std::string& what) { return Status(StatusCode::kInvalidArgument, what); };
-    if (!std::isfinite(s.lr) || s.lr < 0) return bad("learning rate must be finite and >= 0");
-    if (!(s.beta1 >= 0 && s.beta1 < 1)) return bad("beta1 must be in [0, 1)");
-    if (!(s.beta2 >= 0 && s.beta2 < 1)) return bad("beta2 must be in [0, 1)");
-    if (!(s.eps > 0) || !std::isfinite(s.eps)) return bad("eps must be finite and > 0");
-    if (!std::isfinite(s.weight_decay) || s.weight_decay < 0) return bad("weight_decay must be finite and >= 0");
-    if (!std::isfinite(s.max_grad_norm) || s.max_grad_norm < 0) return bad("max_grad_norm must be finite and >= 0");
-    if (out) *out = s;
-    return Status::Ok();
+  // After the forward-backward pass of a step that started without pending gradients: a call no longer
+  // wanted drops them and says so; nothing is applied.
+  Status DropIfUnwanted(const CallContext& context) {
+    Status wanted = context.Check("during the forward and backward pass");
+    if (wanted.ok()) return wanted;
+    DropGradients();
+    Logf(LogLevel::kInfo, "the caller gave up during the forward and backward pass; its gradients were dropped, "
+                          "no update applied");
+    return wanted;
   }
 
  private:
@@ -638,6 +563,7 @@ class SessionImpl final : public ReplicaSession {
   OptimizerSettings optimizer_;
   uint64_t seed_;
   bool fused_adamw_;
+  BatchLimits limits_;  // what CheckBatch holds this session's batches to
   int64_t step_ = 0;
   int64_t pending_batches_ = 0;
   int64_t pending_tokens_ = 0;
@@ -658,8 +584,8 @@ namespace engine {
 Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
                             std::unique_ptr<ReplicaSession>* replica) {
   try {
+    TIGON_RETURN_IF_ERROR(CheckSessionChoices(options));
     const Precision precision = ParsePrecision(options.precision);
-    TIGON_RETURN_IF_ERROR(SessionImpl::ValidateOptimizer(options.optimizer, nullptr));
     const bool has_path = !options.model_path.empty();
     const bool has_config = !options.config_json.empty();
     if (has_path == has_config)

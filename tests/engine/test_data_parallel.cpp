@@ -273,7 +273,8 @@ TEST(DataParallel, BatchesTooSmallToSplitAreRefused) {
   bad.input_ids[40] = 1000;
   status = dp->TrainStep(bad, {}, &stats);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("input_ids[40]"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("input_ids[2][8]"), std::string::npos) << status.message();
+  EXPECT_EQ(status.message(), CheckBatch(bad, BatchLimitsOf(dp->Info())).message()) << "the one batch contract";
   EXPECT_EQ(dp->Info().step, 0);
   EXPECT_EQ(dp->Info().accumulated_batches, 0);
   // Forward needs no collective: fewer rows than replicas is fine, and matches one replica.

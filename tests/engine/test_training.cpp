@@ -89,7 +89,7 @@ TEST(CreateSession, BadOptionsAreRefusedWithAReason) {
   {
     auto o = TinyOptions();
     o.optimizer.lr = -1;
-    cases.push_back({"negative lr", o, "learning rate"});
+    cases.push_back({"negative lr", o, "optimizer lr = -1"});
   }
   for (const auto& c : cases) {
     std::unique_ptr<Session> session;
@@ -239,7 +239,7 @@ TEST(Training, BadBatchesAreRefusedAndChangeNothing) {
   {
     auto b = good;
     b.input_ids.pop_back();
-    bad.push_back({"expected batch*seq_len", b});
+    bad.push_back({"input_ids has 15 values", b});
   }
   {
     auto b = good;
@@ -250,13 +250,13 @@ TEST(Training, BadBatchesAreRefusedAndChangeNothing) {
     auto b = good;
     b.labels.assign(b.input_ids.size(), 5);
     b.labels[2] = 300;
-    bad.push_back({"labels[2]", b});
+    bad.push_back({"labels[0][2]", b});
   }
   {
     auto b = good;
     b.loss_weights.assign(b.input_ids.size(), 1.0f);
     b.loss_weights[1] = std::nanf("");
-    bad.push_back({"loss_weights[1]", b});
+    bad.push_back({"loss_weights[0][1]", b});
   }
   {
     auto b = good;
@@ -267,11 +267,15 @@ TEST(Training, BadBatchesAreRefusedAndChangeNothing) {
     Batch b;
     bad.push_back({"must be positive", b});
   }
+  // Longer than the model's max_position_embeddings (256): refused here as by the server.
+  bad.push_back({"longer than the model's max_position_embeddings 256", RandomBatch(1, 257, 12)});
   for (const auto& [expected, batch] : bad) {
     StepStats stats;
     Status status = session->TrainStep(batch, {}, &stats);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << expected << ": " << status.ToString();
     EXPECT_NE(status.message().find(expected), std::string::npos) << status.message();
+    // The one batch contract: the answer the server gives before any lock (tests/server) is this one.
+    EXPECT_EQ(status.message(), CheckBatch(batch, BatchLimitsOf(session->Info())).message());
     status = session->ForwardBackward(batch, &stats);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << expected;
   }

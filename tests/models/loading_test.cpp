@@ -302,33 +302,18 @@ TEST(ConfigErrors, MissingOrInvalidFields) {
 
 // --- Bad batches -----------------------------------------------------------------------------------
 
-TEST(BatchErrors, TokenIdOutsideVocabulary) {
+// The values of ids and labels are the batch contract's (tigon::CheckBatch, tests/engine); the model
+// checks only what needs no look at them (no device sync).
+TEST(BatchErrors, ShapesAndDtypesAreChecked) {
   auto model = LoadPretrained(FixtureDir("llama"), nullptr, torch::kFloat32, torch::kCPU);
   torch::Tensor ids = torch::randint(0, 128, {2, 5}, torch::kInt64);
-  ids[1][3] = 128;
   const torch::Tensor labels = torch::zeros({2, 5}, torch::kInt64);
-  auto message = ModelErrorMessage([&] { model->Logits(ids); });
-  EXPECT_TRUE(Contains(message, "token id 128")) << message;
-  EXPECT_TRUE(Contains(message, "vocab_size 128")) << message;
-  message = ModelErrorMessage([&] { model->LossSum(ids, labels, {}); });
-  EXPECT_TRUE(Contains(message, "token id 128")) << message;
-  ids[1][3] = -5;
-  message = ModelErrorMessage([&] { model->TokenLogProbs(ids, labels); });
-  EXPECT_TRUE(Contains(message, "token id -5")) << message;
-  // -100 is the ignore marker in labels, but not a valid input id; other negative labels are refused.
-  ids[1][3] = -100;
-  EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->HiddenStates(ids); }), "token id -100"));
-  ids[1][3] = 4;
-  torch::Tensor bad_labels = labels.clone();
-  bad_labels[0][0] = 1000;
-  message = ModelErrorMessage([&] { model->LossSum(ids, bad_labels, {}); });
-  EXPECT_TRUE(Contains(message, "labels")) << message;
-  EXPECT_TRUE(Contains(message, "token id 1000")) << message;
-  // Mismatched shapes and non-integer ids.
   EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->LossSum(ids, labels.narrow(1, 0, 4), {}); }), "does not match"));
   EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->LossSum(ids, labels, torch::ones({2, 4})); }), "loss_weights"));
   EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->Logits(ids.to(torch::kFloat32)); }), "integer token ids"));
   EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->Logits(ids.flatten()); }), "[batch, seq_len]"));
+  EXPECT_TRUE(Contains(ModelErrorMessage([&] { model->TokenLogProbs(ids, labels.to(torch::kFloat32)); }),
+                       "integer token ids"));
 }
 
 TEST(OpTableTest, NamesPerFamilyAndUnknownOps) {

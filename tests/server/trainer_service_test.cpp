@@ -27,10 +27,11 @@ using namespace std::chrono_literals;
 struct FakeEngine {
   std::atomic<int> sessions_created{0};
   std::atomic<int> train_steps{0};  // engine TrainStep calls
-  std::atomic<int> forward_backwards{0};
+  std::atomic<int> forward_backwards{0};  // engine ForwardBackward calls
+  std::atomic<int> batch_calls{0};  // ForwardBackward, TrainStep and Forward calls, before the fake's own checks
   std::atomic<int> optim_steps{0};
   std::atomic<int> updates{0};  // optimizer updates applied, by TrainStep or OptimStep
-  std::atomic<int> discards{0};
+  std::atomic<int> discards{0};  // passes whose gradients were dropped because their caller gave up
   std::atomic<int> running{0};
   std::atomic<int> most_running{0};
   std::atomic<int> step_sleep_ms{0};
@@ -79,10 +80,13 @@ bool Eventually(const std::function<bool()>& done, std::chrono::milliseconds lim
   return true;
 }
 
+// Honours the call context as the engine does (engine.h, CallContext): a step whose caller gave up during
+// its forward and backward pass drops that pass's gradients, unless they join pending ones, the update
+// runs inside backward or the session is a rank of a world (`world`).
 class FakeSession : public tigon::Session {
  public:
-  explicit FakeSession(FakeEngine* engine, tigon::SessionOptions options)
-      : engine_(engine), options_(std::move(options)) {}
+  FakeSession(FakeEngine* engine, tigon::SessionOptions options, bool world = false)
+      : engine_(engine), options_(std::move(options)), world_(world) {}
 
   tigon::SessionInfo Info() const override {
     tigon::SessionInfo info;
@@ -99,16 +103,23 @@ class FakeSession : public tigon::Session {
     info.optimizer_in_backward = options_.optimizer_in_backward;
     return info;
   }
-  tigon::Status ForwardBackward(const tigon::Batch& batch, tigon::StepStats* stats) override {
+  tigon::Status ForwardBackward(const tigon::Batch& batch, const tigon::CallContext& context,
+                                tigon::StepStats* stats) override {
+    ++engine_->batch_calls;
+    TIGON_RETURN_IF_ERROR(tigon::CheckBatch(batch, tigon::BatchLimitsOf(Info())));
+    const bool first_of_step = accumulated_ == 0;
     return Run([&] {
       ++engine_->forward_backwards;
       ++accumulated_;
+      if (first_of_step) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
       stats->loss = 3.0 / (step_ + 1);
       stats->tokens = batch.batch * (batch.seq_len - 1);
       stats->accumulated_batches = accumulated_;
+      return tigon::Status();
     });
   }
-  tigon::Status OptimStep(const tigon::OptimizerOverrides& overrides, tigon::StepStats* stats) override {
+  tigon::Status OptimStep(const tigon::OptimizerOverrides& overrides, const tigon::CallContext&,
+                          tigon::StepStats* stats) override {
     if (accumulated_ == 0) return {tigon::StatusCode::kFailedPrecondition, "engine: no gradients"};
     return Run(/*sleep=*/false, [&] {
       ++engine_->optim_steps;
@@ -117,12 +128,18 @@ class FakeSession : public tigon::Session {
       stats->step = ++step_;
       stats->lr = overrides.lr.value_or(options_.optimizer.lr);
       stats->grad_norm = 0.5;
+      return tigon::Status();
     });
   }
   tigon::Status TrainStep(const tigon::Batch& batch, const tigon::OptimizerOverrides& overrides,
-                          tigon::StepStats* stats) override {
+                          const tigon::CallContext& context, tigon::StepStats* stats) override {
+    ++engine_->batch_calls;
+    TIGON_RETURN_IF_ERROR(tigon::CheckBatch(batch, tigon::BatchLimitsOf(Info())));
+    const bool stoppable = accumulated_ == 0 && !options_.optimizer_in_backward;
     return Run([&] {
       ++engine_->train_steps;
+      ++accumulated_;
+      if (stoppable) TIGON_RETURN_IF_ERROR(DropIfUnwanted(context));
       ++engine_->updates;
       accumulated_ = 0;
       stats->step = ++step_;
@@ -133,17 +150,20 @@ class FakeSession : public tigon::Session {
       stats->wall_seconds = fused ? 0.01 : 0.02;
       stats->tokens_per_second = fused ? 200.0 : 100.0;
       stats->peak_allocated_bytes = fused ? 4096 : 10000;
+      return tigon::Status();
     });
   }
-  tigon::Status Forward(const tigon::Batch& batch, tigon::ForwardResult* result) override {
+  tigon::Status Forward(const tigon::Batch& batch, const tigon::CallContext&, tigon::ForwardResult* result) override {
+    ++engine_->batch_calls;
+    TIGON_RETURN_IF_ERROR(tigon::CheckBatch(batch, tigon::BatchLimitsOf(Info())));
     return Run([&] {
       result->loss = 1.5;
       result->tokens = batch.batch * (batch.seq_len - 1);
       result->logprobs.assign(batch.input_ids.size(), -0.25f);
+      return tigon::Status();
     });
   }
   tigon::Status DiscardGradients() override {
-    ++engine_->discards;
     accumulated_ = 0;
     return {};
   }
@@ -161,6 +181,15 @@ class FakeSession : public tigon::Session {
   }
 
  private:
+  tigon::Status DropIfUnwanted(const tigon::CallContext& context) {
+    if (world_) return {};
+    tigon::Status wanted = context.Check("during the forward and backward pass");
+    if (!wanted.ok()) {
+      ++engine_->discards;
+      accumulated_ = 0;
+    }
+    return wanted;
+  }
   template <typename F>
   tigon::Status Run(F apply) {
     return Run(/*sleep=*/true, apply);
@@ -186,12 +215,12 @@ class FakeSession : public tigon::Session {
         return error;
       }
     }
-    apply();
-    return {};
+    return apply();
   }
 
   FakeEngine* engine_;
   tigon::SessionOptions options_;
+  bool world_;
   int64_t step_ = 0;
   int64_t accumulated_ = 0;
 };
@@ -214,7 +243,7 @@ class TrainerServiceTest : public testing::Test {
         engine_.world_devices.push_back(options.devices);
       }
       ++engine_.sessions_created;
-      *out = std::make_unique<FakeSession>(&engine_, options);
+      *out = std::make_unique<FakeSession>(&engine_, options, /*world=*/true);
       return tigon::Status();
     };
     api.new_communicator_id = [this](std::string* id) {
@@ -496,7 +525,7 @@ TEST_F(TrainerServiceTest, BadBatchesNeverReachTheEngine) {
   grpc::ClientContext ctx;
   EXPECT_EQ(stub_->TrainStep(&ctx, no_batch, &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(engine_.updates, 0);
-  EXPECT_EQ(engine_.forward_backwards, 0);
+  EXPECT_EQ(engine_.batch_calls, 0) << "refused before the session's lock, by the engine's own check";
   EXPECT_EQ(Train("s-nope", &result).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Train("", &result).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
@@ -1012,7 +1041,7 @@ TEST_F(TrainerServiceTest, ADeadlinePassingDuringTheBackwardPassAppliesNothing) 
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   engine_.OpenGate();
   EXPECT_TRUE(Eventually([&] { return engine_.discards == 1; })) << "the server finishes the pass it started";
-  EXPECT_EQ(engine_.forward_backwards, 1);
+  EXPECT_EQ(engine_.train_steps, 1) << "one engine call, stopped by its call context before the update";
   EXPECT_EQ(engine_.discards, 1);
   EXPECT_EQ(engine_.updates, 0);
   {
@@ -1118,8 +1147,8 @@ TEST_F(TrainerServiceTest, ATrainStepJoiningPendingGradientsIsOneEngineStep) {
   EXPECT_EQ(result.step(), 1);
   EXPECT_EQ(engine_.train_steps, 1) << "the pending gradients join the step inside the engine";
   ASSERT_TRUE(Train(id, &result).ok());
-  EXPECT_EQ(engine_.train_steps, 1) << "without pending gradients: ForwardBackward, deadline check, OptimStep";
-  EXPECT_EQ(engine_.optim_steps, 1);
+  EXPECT_EQ(engine_.train_steps, 2) << "without pending gradients too: the engine checks the call context itself";
+  EXPECT_EQ(engine_.optim_steps, 0);
   EXPECT_EQ(result.step(), 2);
   EXPECT_EQ(result.accumulated_batches(), 0);
 }
@@ -1137,7 +1166,7 @@ TEST_F(TrainerServiceTest, TwoIdenticalRequestsRacingAreAppliedOnce) {
   tb.join();
   ASSERT_TRUE(sa.ok() && sb.ok()) << sa.error_message() << sb.error_message();
   EXPECT_EQ(engine_.updates, 1);
-  EXPECT_EQ(engine_.forward_backwards, 1);
+  EXPECT_EQ(engine_.train_steps, 1);
   EXPECT_NE(a.replayed(), b.replayed()) << "one applied, the other answered from the first";
   EXPECT_EQ(a.step(), 1);
   EXPECT_EQ(b.step(), 1);

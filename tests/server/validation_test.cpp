@@ -1,5 +1,7 @@
 #include "server/validation.h"
 
+#include "server/status_map.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,11 +22,16 @@ v1::Batch MakeBatch(int64_t rows, int64_t seq_len) {
   return batch;
 }
 
+// Refused by the server with `code` and a message holding `fragment`, and by the engine's boundary check
+// (what every Session call runs, tests/engine) with the same code and message: one batch contract.
 void ExpectRefused(const v1::Batch& batch, grpc::StatusCode code, const std::string& fragment) {
   auto status = ValidateBatch(batch, kLimits);
   EXPECT_EQ(status.error_code(), code) << status.error_message();
   EXPECT_NE(status.error_message().find(fragment), std::string::npos)
       << "'" << status.error_message() << "' lacks '" << fragment << "'";
+  const tigon::Status engine = tigon::CheckBatch(ToEngineBatch(batch), kLimits);
+  EXPECT_EQ(ToGrpcCode(engine.code()), code) << engine.ToString();
+  EXPECT_EQ(engine.message(), status.error_message());
 }
 
 TEST(ValidateBatch, AcceptsAWellFormedBatch) {

@@ -6,6 +6,7 @@
 // A call that fails leaves the session as it was before the call.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,6 +69,18 @@ struct OptimizerOverrides {
   std::optional<double> lr, beta1, beta2, eps, weight_decay, max_grad_norm;
 };
 
+// The one check of optimizer settings (CreateSession, every step, and the server before any lock):
+// lr >= 0, beta1 and beta2 in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0 (0: no clipping), all
+// finite. kInvalidArgument naming the field and its value.
+Status CheckOptimizerSettings(const OptimizerSettings& settings);
+// `base` with the overrides that are set applied, then checked; `out` is written only when they pass.
+Status ApplyOptimizerOverrides(const OptimizerSettings& base, const OptimizerOverrides& overrides,
+                               OptimizerSettings* out);
+
+// The names SessionOptions.precision and SessionOptions.kernels (and kernel_overrides' values) take.
+inline constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "bf16_mixed"};
+inline constexpr const char* kKernelChoices[] = {"fused", "reference"};
+
 struct SessionOptions {
   // The model: either a local Hugging Face folder (config.json + safetensors) ...
   std::string model_path;
@@ -87,6 +100,11 @@ struct SessionOptions {
   bool optimizer_in_backward = false;
 };
 
+// The checks of SessionOptions that need no model (CreateSession makes them first; the server before it
+// calls the engine): precision and kernels among the names above, every kernel override a non-empty op
+// name with a choice above, the optimizer settings. Which op names exist is the model's to say.
+Status CheckSessionChoices(const SessionOptions& options);
+
 // ---- batches and results ------------------------------------------------------------------------
 
 // A packed batch, row-major [batch, seq_len].
@@ -99,6 +117,45 @@ struct Batch {
 };
 
 inline constexpr int32_t kIgnoreIndex = -100;
+
+struct SessionInfo;
+
+// What a batch is checked against: the session's model and, in the server, its request limit.
+struct BatchLimits {
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // 0: no limit from the model
+  int64_t max_batch_tokens = 0;         // 0: no limit (the server passes --max-batch-tokens)
+};
+BatchLimits BatchLimitsOf(const SessionInfo& info);
+
+// The one batch contract. The server checks every batch with it before it takes any lock, and every
+// Session call checks its batch with it once, at the engine's boundary; the layers below only assert.
+//  - batch and seq_len positive; batch * seq_len <= max_batch_tokens when that is set (kResourceExhausted);
+//  - seq_len <= max_position_embeddings when the model sets it: longer sequences are refused everywhere
+//    (tigon-train and the service alike). Rotary embeddings would run past it, but the model was not
+//    trained there and its rope scaling is defined up to it; a longer context is a config change
+//    (raise max_position_embeddings, with the rope scaling meant for it), not a per-batch surprise;
+//  - input_ids, and labels/loss_weights when given, hold batch * seq_len values;
+//  - ids in [0, vocab_size), labels in [0, vocab_size) or kIgnoreIndex, weights finite and >= 0;
+//  - at least one target token (a label that is not kIgnoreIndex, or any position but each row's last
+//    with the default labels) with a positive weight: the loss is a mean over them.
+// Messages name the field and the [row][column] of the first bad value. kInvalidArgument otherwise.
+Status CheckBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits);
+Status CheckBatch(const Batch& batch, const BatchLimits& limits);
+
+// What the caller of a call still wants. The engine looks at it when a step starts and again between
+// the forward-backward pass and the optimizer update; a call no longer wanted returns kDeadlineExceeded or
+// kCancelled and applies nothing (its gradients are dropped). Exceptions, where the step goes on: a
+// TrainStep that joins gradients pending from earlier ForwardBackward calls (they cannot be told apart
+// from its own), the optimizer in backward (the update runs inside backward), and a rank of a session
+// over several processes once its gradients are summed with the other ranks' (they apply them).
+struct CallContext {
+  std::function<bool()> cancelled;  // empty: never cancelled
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
+  // OK while the call is wanted, else kDeadlineExceeded or kCancelled saying so `when` ("before the step
+  // started") and that nothing was applied.
+  Status Check(const char* when) const;
+};
 
 struct StepStats {
   int64_t step = 0;           // optimizer steps taken so far (after this call)
@@ -155,20 +212,29 @@ class Session {
 
   virtual SessionInfo Info() const = 0;
 
-  // Forward and backward; gradients are added to those pending since the last optimizer step.
-  virtual Status ForwardBackward(const Batch& batch, StepStats* stats) = 0;
+  // Forward and backward; gradients are added to those pending since the last optimizer step. A context
+  // no longer wanted after the pass drops this call's gradients when no earlier ones were pending.
+  virtual Status ForwardBackward(const Batch& batch, const CallContext& context, StepStats* stats) = 0;
   // AdamW over the pending gradients (normalised by the target tokens they came from), then clears them.
-  virtual Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) = 0;
-  // ForwardBackward + OptimStep in one call; on failure nothing is applied.
-  virtual Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) = 0;
+  virtual Status OptimStep(const OptimizerOverrides& overrides, const CallContext& context, StepStats* stats) = 0;
+  // ForwardBackward + OptimStep in one call; on failure, or a context no longer wanted before the update
+  // (CallContext says when), nothing is applied.
+  virtual Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, const CallContext& context,
+                           StepStats* stats) = 0;
   // Loss and per-token log-probabilities, no gradients.
-  virtual Status Forward(const Batch& batch, ForwardResult* result) = 0;
-  // Drops the gradients pending since the last optimizer step; weights, optimizer state and step are
-  // unchanged (the server calls it when a step's caller gave up before the update). A session that
-  // cannot answers kFailedPrecondition, and the server then applies the step as before.
-  virtual Status DiscardGradients() {
-    return Status(StatusCode::kFailedPrecondition, "this session cannot drop pending gradients");
+  virtual Status Forward(const Batch& batch, const CallContext& context, ForwardResult* result) = 0;
+  // The same calls for a caller that never gives up.
+  Status ForwardBackward(const Batch& batch, StepStats* stats) { return ForwardBackward(batch, CallContext(), stats); }
+  Status OptimStep(const OptimizerOverrides& overrides, StepStats* stats) {
+    return OptimStep(overrides, CallContext(), stats);
   }
+  Status TrainStep(const Batch& batch, const OptimizerOverrides& overrides, StepStats* stats) {
+    return TrainStep(batch, overrides, CallContext(), stats);
+  }
+  Status Forward(const Batch& batch, ForwardResult* result) { return Forward(batch, CallContext(), result); }
+  // Drops the gradients pending since the last optimizer step; weights, optimizer state and step are
+  // unchanged.
+  virtual Status DiscardGradients() = 0;
 
   // A Hugging Face-loadable folder (config.json, model.safetensors) plus optimizer.safetensors and
   // trainer_state.json; written under a temporary name and renamed, so `dir` is either the old
