@@ -53,7 +53,9 @@ fs::path ShardPath(const fs::path& folder, const fs::path& index_path, const std
   return folder / relative;
 }
 
-std::map<std::string, torch::Tensor> ReadShardedCheckpoint(const fs::path& folder, const fs::path& index_path) {
+// The tensors in `needed` (the model's parameters); shards that hold none of them are not opened.
+std::map<std::string, torch::Tensor> ReadShardedCheckpoint(const fs::path& folder, const fs::path& index_path,
+                                                           const std::set<std::string>& needed) {
   const nlohmann::json index = ReadJsonFile(index_path);
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     throw ModelError(index_path.string() + ": missing or invalid 'weight_map' object");
@@ -63,7 +65,7 @@ std::map<std::string, torch::Tensor> ReadShardedCheckpoint(const fs::path& folde
     if (!shard.is_string()) {
       throw ModelError(index_path.string() + ": weight_map entry '" + name + "' must name a shard file");
     }
-    names_by_shard[shard.get<std::string>()].push_back(name);
+    if (needed.count(name) != 0) names_by_shard[shard.get<std::string>()].push_back(name);
   }
   std::map<std::string, torch::Tensor> tensors;
   for (const auto& [shard, names] : names_by_shard) {
@@ -72,7 +74,8 @@ std::map<std::string, torch::Tensor> ReadShardedCheckpoint(const fs::path& folde
       throw ModelError(index_path.string() + ": shard '" + shard + "' (listed for tensor '" + names.front() +
                        "') does not exist");
     }
-    std::map<std::string, torch::Tensor> shard_tensors = ReadSafetensors(shard_path.string());
+    std::map<std::string, torch::Tensor> shard_tensors =
+        ReadSafetensors(shard_path.string(), std::set<std::string>(names.begin(), names.end()));
     for (const auto& name : names) {
       auto it = shard_tensors.find(name);
       if (it == shard_tensors.end()) {
@@ -123,13 +126,16 @@ std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder_name, con
 
   const fs::path single = folder / "model.safetensors";
   const fs::path index = folder / "model.safetensors.index.json";
+  // Only the model's own parameters are read: other tensors of the files are never allocated.
+  std::set<std::string> needed;
+  for (const auto& [name, tensor] : model->StateDict()) needed.insert(name);
   std::map<std::string, torch::Tensor> tensors;
   std::string source;
   if (fs::exists(single)) {
-    tensors = ReadSafetensors(single.string());
+    tensors = ReadSafetensors(single.string(), needed);
     source = single.string();
   } else if (fs::exists(index)) {
-    tensors = ReadShardedCheckpoint(folder, index);
+    tensors = ReadShardedCheckpoint(folder, index, needed);
     source = index.string();
   } else {
     throw ModelError(folder_name + ": no model.safetensors or model.safetensors.index.json");

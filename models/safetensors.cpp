@@ -231,10 +231,13 @@ std::ifstream OpenForRead(const std::string& path) {
   return file;
 }
 
-std::map<std::string, torch::Tensor> ReadTensors(const std::string& path, ByteSource& source) {
+// Every tensor, or only those in `names` when given.
+std::map<std::string, torch::Tensor> ReadTensors(const std::string& path, ByteSource& source,
+                                                 const std::set<std::string>* names = nullptr) {
   const Header header = ParseHeader(path, source);
   std::map<std::string, torch::Tensor> out;
   for (const auto& entry : header.entries) {
+    if (names != nullptr && names->count(entry.name) == 0) continue;
     torch::Tensor tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->dtype));
     const uint64_t nbytes = entry.end - entry.begin;
     if (nbytes > 0 && !source.Read(header.data_start + entry.begin, tensor.data_ptr(), nbytes)) {
@@ -261,6 +264,12 @@ std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path) {
   std::ifstream file = OpenForRead(path);
   FileSource source(path, file);
   return ReadTensors(path, source);
+}
+
+std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path, const std::set<std::string>& names) {
+  std::ifstream file = OpenForRead(path);
+  FileSource source(path, file);
+  return ReadTensors(path, source, &names);
 }
 
 std::map<std::string, torch::Tensor> ReadSafetensorsFromMemory(const void* data, size_t size, const std::string& name) {

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <map>
+#include <set>
 #include <string>
 
 namespace tigon::models {
@@ -12,6 +13,10 @@ namespace tigon::models {
 // Reads every tensor of a file (CPU tensors). Validates the header, dtypes, shapes against offsets,
 // offsets against the file size, overlaps and overflow; throws ModelError naming the file and problem.
 std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path);
+
+// Only the tensors named in `names` (those the file lacks are left out): the others are neither
+// allocated nor read, so a file with unused tensors costs only what the caller needs.
+std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path, const std::set<std::string>& names);
 
 // The same for a whole file's bytes in memory; `name` stands in for the path in error messages.
 std::map<std::string, torch::Tensor> ReadSafetensorsFromMemory(const void* data, size_t size, const std::string& name);

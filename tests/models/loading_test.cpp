@@ -200,6 +200,42 @@ TEST(Loading, CreateRandomModelTrainsThroughBothTables) {
   }
 }
 
+// A model.safetensors holding the fixture's tensors and an extra 1 TiB F32 tensor whose bytes are a
+// hole at the end of a sparse file. Loading reads only the model's parameters: allocating or reading the
+// extra one would fail (more than the machine's memory) or take hours.
+TEST(Loading, TensorsTheModelDoesNotUseAreNeitherAllocatedNorRead) {
+  TempDir dir;
+  CopyFixture("llama", dir);
+  const auto tensors = ReadSafetensors(dir / "model.safetensors");
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, tensor] : tensors) {
+    ASSERT_EQ(tensor.scalar_type(), torch::kFloat32) << name;
+    const torch::Tensor cpu = tensor.contiguous();
+    const size_t begin = data.size();
+    data.append(static_cast<const char*>(cpu.data_ptr()), cpu.numel() * sizeof(float));
+    header[name] = {{"dtype", "F32"}, {"shape", cpu.sizes().vec()}, {"data_offsets", {begin, data.size()}}};
+  }
+  const uint64_t huge_elements = uint64_t{1} << 38;  // 1 TiB of float32
+  header["unused.huge"] = {{"dtype", "F32"},
+                           {"shape", {huge_elements}},
+                           {"data_offsets", {data.size(), data.size() + huge_elements * 4}}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  testing::WriteText(dir / "model.safetensors", bytes + text + data);
+  std::filesystem::resize_file(dir / "model.safetensors", 8 + text.size() + data.size() + huge_elements * 4);
+  ASSERT_EQ(ReadSafetensorsHeader(dir / "model.safetensors").count("unused.huge"), 1u) << "a valid file";
+
+  auto model = LoadPretrained(dir.path(), nullptr, torch::kFloat32, torch::kCPU);
+  auto reference = LoadPretrained(FixtureDir("llama"), nullptr, torch::kFloat32, torch::kCPU);
+  ExpectSameParameters(*model, *reference);
+  const auto some = ReadSafetensors(dir / "model.safetensors", {"model.norm.weight", "absent"});
+  ASSERT_EQ(some.size(), 1u);
+  EXPECT_TRUE(torch::equal(some.at("model.norm.weight"), tensors.at("model.norm.weight")));
+}
+
 // --- Bad folders, checkpoints and configs ----------------------------------------------------------
 
 TEST(LoadingErrors, MissingTensor) {
