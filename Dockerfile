@@ -7,7 +7,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build git pkg-config python3 python3-venv \
       libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libspdlog-dev libfmt-dev \
-      nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libnccl-dev \
+      nlohmann-json3-dev prometheus-cpp-dev libgtest-dev libnccl-dev \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/torch && /opt/torch/bin/pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cu130
 WORKDIR /src
@@ -22,7 +22,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 # The -dev packages name the same libraries in every release (the runtime packages' names change with
 # the ABI transitions); they pull in the shared libraries the server links.
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libgrpc++-dev libprotobuf-dev libspdlog-dev libcpp-httplib-dev libnccl2 python3 python3-grpcio \
+      libgrpc++-dev libprotobuf-dev libspdlog-dev prometheus-cpp-dev libnccl2 python3 python3-grpcio \
       python3-protobuf \
     && rm -rf /var/lib/apt/lists/*
 # The whole venv: torch's libraries find the CUDA libraries of the nvidia-* wheels by relative rpaths.

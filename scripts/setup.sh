@@ -6,7 +6,8 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev                                   # LibTorch 1.13 (CPU) for the engine
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
-  libspdlog-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev
+  libspdlog-dev libfmt-dev nlohmann-json3-dev
+  prometheus-cpp-dev                             # the metrics registry and its HTTP exposer (civetweb)
   libgtest-dev libgmock-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-yaml
   prometheus                                     # promtool and a real Prometheus for the metrics tests

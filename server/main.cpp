@@ -75,6 +75,12 @@ int Run(const ServerOptions& options) {
     spdlog::critical("{}", error);
     return 2;
   }
+  TokenAuthenticator scrapers;
+  if (!options.metrics_token_file.empty() &&
+      !TokenAuthenticator::LoadFromFile(options.metrics_token_file, &scrapers, &error)) {
+    spdlog::critical("{}", error);
+    return 2;
+  }
   std::shared_ptr<grpc::ServerCredentials> credentials = MakeServerCredentials(options, &error);
   if (credentials == nullptr) {
     spdlog::critical("{}", error);
@@ -90,8 +96,14 @@ int Run(const ServerOptions& options) {
                  leftover);
   }
 
+  ModelRoots model_roots;
+  if (!ModelRoots::Open(options.model_roots, &model_roots, &error)) {
+    spdlog::critical("{}", error);
+    return 2;
+  }
+
   EngineApi engine = RealEngineApi();
-  Metrics metrics;
+  Metrics metrics(engine.model_families);
   metrics.SetDeviceSource(engine.list_devices);
   ServiceConfig config;
   config.max_sessions = options.max_sessions;
@@ -101,6 +113,7 @@ int Run(const ServerOptions& options) {
   config.session_idle_timeout_seconds = options.session_idle_timeout_seconds;
   config.call_order_timeout_seconds = options.call_order_timeout_seconds;
   config.max_parameters = options.max_parameters;
+  config.model_roots = std::move(model_roots);
   const size_t auth_tokens = auth.size(), auth_admins = auth.admin_count();
   TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);
 
@@ -127,7 +140,7 @@ int Run(const ServerOptions& options) {
   std::string metrics_address;
   if (!options.metrics_listen.empty()) {
     int metrics_port = 0;
-    if (metrics_endpoint.Start(options.metrics_listen, &metrics_port, &error)) {
+    if (metrics_endpoint.Start(options.metrics_listen, scrapers, &metrics_port, &error)) {
       metrics_address = HostOf(options.metrics_listen) + ":" + std::to_string(metrics_port);
     } else if (options.metrics_listen_given) {
       spdlog::critical("{}", error);
@@ -146,7 +159,7 @@ int Run(const ServerOptions& options) {
   std::fflush(stdout);
   spdlog::info(
       "tigon-server {} (engine {}) listening on {} ({}); model families: {}; devices: {}; auth {}; "
-      "checkpoints {}",
+      "checkpoints {}; model roots {}; metrics scrape {}",
       TIGON_VERSION, engine.engine_version, address,
       options.tls_cert.empty() ? "plaintext" : (options.tls_client_ca.empty() ? "TLS" : "mutual TLS"),
       [&] {
@@ -157,7 +170,13 @@ int Run(const ServerOptions& options) {
       engine.list_devices().size(),
       auth_tokens == 0 ? std::string("off")
                        : fmt::format("on ({} tokens, {} admin)", auth_tokens, auth_admins),
-      checkpoints.enabled() ? checkpoints.root() : std::string("disabled"));
+      checkpoints.enabled() ? checkpoints.root() : std::string("disabled"),
+      [&] {
+        std::string s;
+        for (auto& root : config.model_roots.roots()) s += (s.empty() ? "" : ", ") + root;
+        return s.empty() ? std::string("none") : s;
+      }(),
+      scrapers.enabled() ? "needs a token" : "open");
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

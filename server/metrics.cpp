@@ -1,247 +1,262 @@
 #include "server/metrics.h"
 
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <sstream>
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+
+#include "server/process_metrics.h"
 
 namespace tigon::server {
 namespace {
 
-// Label values escaped as the exposition format requires: backslash, double quote and newline.
-std::string Escape(const std::string& value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '"')
-      out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
+const prometheus::Histogram::BucketBoundaries& StepBuckets() {
+  static const prometheus::Histogram::BucketBoundaries buckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                  0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+  return buckets;
 }
-
-std::string Number(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  // The shortest form that reads back as the same double ("0.0025", not "0.0025000000000000001").
-  char buffer[32];
-  for (int precision = 6; precision <= 17; ++precision) {
-    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
-    if (std::strtod(buffer, nullptr) == value) break;
-  }
-  return buffer;
-}
-
-class Writer {
- public:
-  void Header(const char* name, const char* type, const char* help) {
-    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-  }
-  void Sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels, double value) {
-    out_ << name;
-    if (!labels.empty()) {
-      out_ << "{";
-      for (size_t i = 0; i < labels.size(); ++i) {
-        out_ << (i ? "," : "") << labels[i].first << "=\"" << Escape(labels[i].second) << "\"";
-      }
-      out_ << "}";
-    }
-    out_ << " " << Number(value) << "\n";
-  }
-  std::string str() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-};
 
 }  // namespace
 
-Metrics::Metrics() = default;
+// The registry's families in the order they were declared, those without a series yet included (with
+// their HELP and TYPE only), so that a scrape of a fresh server already lists every metric.
+class Metrics::RegistryCollector final : public prometheus::Collectable {
+ public:
+  explicit RegistryCollector(std::shared_ptr<prometheus::Registry> registry) : registry_(std::move(registry)) {}
 
-void Metrics::Histogram::Observe(double value) {
-  for (size_t i = 0; i < kStepBuckets.size(); ++i) {
-    if (value <= kStepBuckets[i]) {
-      ++buckets[i];
-      break;
-    }
+  template <typename Builder>
+  auto& Declare(Builder builder, const char* name, const char* help, prometheus::MetricType type) {
+    declared_.push_back(prometheus::MetricFamily{name, help, type, {}});
+    return builder.Name(name).Help(help).Register(*registry_);
   }
-  ++count;
-  sum += value;
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> collected = registry_->Collect();
+    std::vector<prometheus::MetricFamily> out;
+    for (const auto& declared : declared_) {
+      auto it = std::find_if(collected.begin(), collected.end(),
+                             [&](const prometheus::MetricFamily& f) { return f.name == declared.name; });
+      out.push_back(it != collected.end() ? std::move(*it) : declared);
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::vector<prometheus::MetricFamily> declared_;
+};
+
+namespace {
+
+prometheus::Family<prometheus::Counter>& CounterFamily(Metrics::RegistryCollector& families, const char* name,
+                                                       const char* help) {
+  return families.Declare(prometheus::BuildCounter(), name, help, prometheus::MetricType::Counter);
 }
 
+prometheus::Family<prometheus::Gauge>& GaugeFamily(Metrics::RegistryCollector& families, const char* name,
+                                                   const char* help) {
+  return families.Declare(prometheus::BuildGauge(), name, help, prometheus::MetricType::Gauge);
+}
+
+template <typename T>
+void Remove(prometheus::Family<T>& family, T*& metric) {
+  if (metric != nullptr) family.Remove(metric);
+  metric = nullptr;
+}
+
+}  // namespace
+
+// Device memory is read from the engine at each scrape, so it needs no updates between scrapes.
+class Metrics::DeviceCollector final : public prometheus::Collectable {
+ public:
+  void SetSource(std::function<std::vector<tigon::DeviceInfo>()> source) {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = std::move(source);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::function<std::vector<tigon::DeviceInfo>()> source;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      source = source_;
+    }
+    std::vector<tigon::DeviceInfo> devices;
+    if (source) devices = source();  // outside the lock: it may query the driver
+    prometheus::MetricFamily total{"tigon_device_memory_total_bytes", "Device memory, total.",
+                                   prometheus::MetricType::Gauge, {}};
+    prometheus::MetricFamily used{"tigon_device_memory_used_bytes", "Device memory in use (total - free).",
+                                  prometheus::MetricType::Gauge, {}};
+    for (const auto& d : devices) {
+      prometheus::ClientMetric metric;
+      metric.label = {{"device", std::to_string(d.index)}};
+      metric.gauge.value = static_cast<double>(d.total_bytes);
+      total.metric.push_back(metric);
+      metric.gauge.value = static_cast<double>(d.total_bytes - d.free_bytes);
+      used.metric.push_back(metric);
+    }
+    return {total, used};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::function<std::vector<tigon::DeviceInfo>()> source_;
+};
+
+Metrics::Metrics(const std::vector<std::string>& model_families)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      families_(std::make_shared<RegistryCollector>(registry_)),
+      devices_(std::make_shared<DeviceCollector>()),
+      process_(MakeProcessCollector()),
+      rpcs_(CounterFamily(*families_, "tigon_rpcs_total", "Trainer calls by method and gRPC status code.")),
+      step_seconds_(families_->Declare(prometheus::BuildHistogram(), "tigon_step_duration_seconds",
+                                       "Time inside the engine per call, by method and model family.",
+                                       prometheus::MetricType::Histogram)),
+      tokens_total_(CounterFamily(*families_, "tigon_tokens_processed_total",
+                                  "Target tokens in processed batches, by model family.")),
+      oom_total_(CounterFamily(*families_, "tigon_out_of_memory_total", "Calls that failed on device out-of-memory.")),
+      active_sessions_(GaugeFamily(*families_, "tigon_active_sessions", "Open sessions.").Add({})),
+      session_info_(GaugeFamily(*families_, "tigon_session_info",
+                                "One series per open session (value 1) with its model and precision.")),
+      session_op_fused_(GaugeFamily(*families_, "tigon_session_op_fused",
+                                    "1 when the session runs the op fused, 0 for the reference.")),
+      session_loss_(GaugeFamily(*families_, "tigon_session_loss", "Loss of the session's latest batch.")),
+      session_grad_norm_(GaugeFamily(*families_, "tigon_session_grad_norm",
+                                     "Gradient norm of the session's latest optimizer step.")),
+      session_tokens_per_second_(GaugeFamily(*families_, "tigon_session_tokens_per_second",
+                                             "Target tokens per second of the session's latest batch.")),
+      session_peak_allocated_bytes_(GaugeFamily(*families_, "tigon_session_peak_allocated_bytes",
+                                                "Peak allocated device memory during the session's latest call.")),
+      session_peak_reserved_bytes_(GaugeFamily(*families_, "tigon_session_peak_reserved_bytes",
+                                               "Peak reserved device memory during the session's latest call.")),
+      session_step_(GaugeFamily(*families_, "tigon_session_step", "Optimizer steps the session has taken.")),
+      savings_peak_allocated_bytes_(
+          GaugeFamily(*families_, "tigon_savings_peak_allocated_bytes",
+                      "Peak allocated device memory of one measured step, by kernel choice (MeasureSavings).")),
+      savings_step_seconds_(GaugeFamily(*families_, "tigon_savings_step_seconds",
+                                        "Time of one measured step, by kernel choice (MeasureSavings).")) {
+  for (const auto& family : model_families) {
+    tokens_total_.Add({{"model_family", family}});
+    oom_total_.Add({{"model_family", family}});
+  }
+}
+
+Metrics::~Metrics() = default;
+
 void Metrics::SetDeviceSource(std::function<std::vector<tigon::DeviceInfo>()> source) {
-  std::lock_guard<std::mutex> lock(mu_);
-  device_source_ = std::move(source);
+  devices_->SetSource(std::move(source));
 }
 
 void Metrics::RecordRpc(const std::string& method, const std::string& code) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++rpcs_[{method, code}];
+  rpcs_.Add({{"method", method}, {"code", code}}).Increment();
+}
+
+prometheus::Histogram& Metrics::StepDuration(const std::string& method, const std::string& model_family) {
+  return step_seconds_.Add({{"method", method}, {"model_family", model_family}}, StepBuckets());
 }
 
 void Metrics::RecordStep(const std::string& session_id, const std::string& model_family, const std::string& method,
                          const tigon::StepStats& stats) {
+  StepDuration(method, model_family).Observe(stats.wall_seconds);
+  if (method != "OptimStep") tokens_total_.Add({{"model_family", model_family}}).Increment(stats.tokens);
   std::lock_guard<std::mutex> lock(mu_);
-  step_seconds_[{method, model_family}].Observe(stats.wall_seconds);
-  if (method != "OptimStep") tokens_total_[model_family] += static_cast<uint64_t>(stats.tokens);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   SessionSeries& s = it->second;
-  if (method != "OptimStep") {
-    s.loss = stats.loss;
-    s.tokens_per_second = stats.tokens_per_second;
+  if (s.loss == nullptr) {
+    const prometheus::Labels labels = {{"session", session_id}, {"model_family", s.model_family}};
+    s.loss = &session_loss_.Add(labels);
+    s.grad_norm = &session_grad_norm_.Add(labels);
+    s.tokens_per_second = &session_tokens_per_second_.Add(labels);
+    s.peak_allocated_bytes = &session_peak_allocated_bytes_.Add(labels);
+    s.peak_reserved_bytes = &session_peak_reserved_bytes_.Add(labels);
+    s.step = &session_step_.Add(labels);
   }
-  if (method != "ForwardBackward") s.grad_norm = stats.grad_norm;
-  s.peak_allocated_bytes = stats.peak_allocated_bytes;
-  s.peak_reserved_bytes = stats.peak_reserved_bytes;
-  s.step = stats.step;
-  s.has_step = true;
+  if (method != "OptimStep") {
+    s.loss->Set(stats.loss);
+    s.tokens_per_second->Set(stats.tokens_per_second);
+  }
+  if (method != "ForwardBackward") s.grad_norm->Set(stats.grad_norm);
+  s.peak_allocated_bytes->Set(static_cast<double>(stats.peak_allocated_bytes));
+  s.peak_reserved_bytes->Set(static_cast<double>(stats.peak_reserved_bytes));
+  s.step->Set(static_cast<double>(stats.step));
 }
 
 void Metrics::RecordForward(const std::string&, const std::string& model_family, int64_t tokens, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  step_seconds_[{"Forward", model_family}].Observe(seconds);
-  tokens_total_[model_family] += static_cast<uint64_t>(tokens);
+  StepDuration("Forward", model_family).Observe(seconds);
+  tokens_total_.Add({{"model_family", model_family}}).Increment(static_cast<double>(tokens));
 }
 
 void Metrics::RecordOutOfMemory(const std::string& model_family) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++oom_total_[model_family];
+  oom_total_.Add({{"model_family", model_family}}).Increment();
 }
 
 void Metrics::SessionOpened(const std::string& session_id, const tigon::SessionInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   SessionSeries& s = sessions_[session_id];
+  RemoveSeries(s);  // an id is never reused, but a second call must not leave series behind
   s.model_family = info.model_family;
-  s.precision = info.precision;
-  s.ops = info.ops;
+  s.info = &session_info_.Add(
+      {{"session", session_id}, {"model_family", info.model_family}, {"precision", info.precision}});
+  s.info->Set(1);
+  for (const auto& op : info.ops) {
+    prometheus::Gauge& fused = session_op_fused_.Add({{"session", session_id}, {"op", op.op}});
+    fused.Set(op.choice == "fused" ? 1 : 0);
+    s.op_fused.push_back(&fused);
+  }
+  active_sessions_.Set(static_cast<double>(sessions_.size()));
+}
+
+void Metrics::RemoveSeries(SessionSeries& s) {
+  Remove(session_info_, s.info);
+  for (prometheus::Gauge*& gauge : s.op_fused) Remove(session_op_fused_, gauge);
+  s.op_fused.clear();
+  Remove(session_loss_, s.loss);
+  Remove(session_grad_norm_, s.grad_norm);
+  Remove(session_tokens_per_second_, s.tokens_per_second);
+  Remove(session_peak_allocated_bytes_, s.peak_allocated_bytes);
+  Remove(session_peak_reserved_bytes_, s.peak_reserved_bytes);
+  Remove(session_step_, s.step);
+  for (auto& [kernels, gauges] : s.savings) {
+    Remove(savings_peak_allocated_bytes_, gauges.first);
+    Remove(savings_step_seconds_, gauges.second);
+  }
+  s.savings.clear();
 }
 
 void Metrics::SessionClosed(const std::string& session_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_.erase(session_id);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  RemoveSeries(it->second);
+  sessions_.erase(it);
+  active_sessions_.Set(static_cast<double>(sessions_.size()));
 }
 
 void Metrics::RecordSavings(const std::string& session_id, const std::string&, const std::string& kernels,
                             int64_t peak_allocated_bytes, double step_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it != sessions_.end()) it->second.savings[kernels] = {peak_allocated_bytes, step_seconds};
+  if (it == sessions_.end()) return;
+  SessionSeries& s = it->second;
+  auto& gauges = s.savings[kernels];
+  if (gauges.first == nullptr) {
+    const prometheus::Labels labels = {{"session", session_id}, {"model_family", s.model_family}, {"kernels", kernels}};
+    gauges = {&savings_peak_allocated_bytes_.Add(labels), &savings_step_seconds_.Add(labels)};
+  }
+  gauges.first->Set(static_cast<double>(peak_allocated_bytes));
+  gauges.second->Set(step_seconds);
+}
+
+std::vector<std::shared_ptr<prometheus::Collectable>> Metrics::Collectables() const {
+  return {families_, devices_, process_};
 }
 
 std::string Metrics::Render() const {
-  std::vector<tigon::DeviceInfo> devices;
-  std::function<std::vector<tigon::DeviceInfo>()> source;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    source = device_source_;
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& collectable : Collectables()) {
+    for (auto& family : collectable->Collect()) families.push_back(std::move(family));
   }
-  if (source) devices = source();  // outside the lock: it may query the driver
-
-  std::lock_guard<std::mutex> lock(mu_);
-  Writer w;
-  w.Header("tigon_rpcs_total", "counter", "Trainer calls by method and gRPC status code.");
-  for (const auto& [key, count] : rpcs_) {
-    w.Sample("tigon_rpcs_total", {{"method", key.first}, {"code", key.second}}, static_cast<double>(count));
-  }
-
-  w.Header("tigon_step_duration_seconds", "histogram", "Time inside the engine per call, by method and model family.");
-  for (const auto& [key, h] : step_seconds_) {
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < kStepBuckets.size(); ++i) {
-      cumulative += h.buckets[i];
-      w.Sample("tigon_step_duration_seconds_bucket",
-               {{"method", key.first}, {"model_family", key.second}, {"le", Number(kStepBuckets[i])}},
-               static_cast<double>(cumulative));
-    }
-    w.Sample("tigon_step_duration_seconds_bucket",
-             {{"method", key.first}, {"model_family", key.second}, {"le", "+Inf"}}, static_cast<double>(h.count));
-    w.Sample("tigon_step_duration_seconds_sum", {{"method", key.first}, {"model_family", key.second}}, h.sum);
-    w.Sample("tigon_step_duration_seconds_count", {{"method", key.first}, {"model_family", key.second}},
-             static_cast<double>(h.count));
-  }
-
-  w.Header("tigon_tokens_processed_total", "counter", "Target tokens in processed batches, by model family.");
-  for (const auto& [family, tokens] : tokens_total_) {
-    w.Sample("tigon_tokens_processed_total", {{"model_family", family}}, static_cast<double>(tokens));
-  }
-
-  w.Header("tigon_out_of_memory_total", "counter", "Calls that failed on device out-of-memory.");
-  for (const auto& [family, count] : oom_total_) {
-    w.Sample("tigon_out_of_memory_total", {{"model_family", family}}, static_cast<double>(count));
-  }
-
-  w.Header("tigon_active_sessions", "gauge", "Open sessions.");
-  w.Sample("tigon_active_sessions", {}, static_cast<double>(sessions_.size()));
-
-  w.Header("tigon_session_info", "gauge", "One series per open session (value 1) with its model and precision.");
-  for (const auto& [id, s] : sessions_) {
-    w.Sample("tigon_session_info", {{"session", id}, {"model_family", s.model_family}, {"precision", s.precision}}, 1);
-  }
-
-  w.Header("tigon_session_op_fused", "gauge", "1 when the session runs the op fused, 0 for the reference.");
-  for (const auto& [id, s] : sessions_) {
-    for (const auto& op : s.ops) {
-      w.Sample("tigon_session_op_fused", {{"session", id}, {"op", op.op}}, op.choice == "fused" ? 1 : 0);
-    }
-  }
-
-  struct Gauge {
-    const char* name;
-    const char* help;
-    double (*value)(const SessionSeries&);
-  };
-  const Gauge gauges[] = {
-      {"tigon_session_loss", "Loss of the session's latest batch.", [](const SessionSeries& s) { return s.loss; }},
-      {"tigon_session_grad_norm", "Gradient norm of the session's latest optimizer step.",
-       [](const SessionSeries& s) { return s.grad_norm; }},
-      {"tigon_session_tokens_per_second", "Target tokens per second of the session's latest batch.",
-       [](const SessionSeries& s) { return s.tokens_per_second; }},
-      {"tigon_session_peak_allocated_bytes", "Peak allocated device memory during the session's latest call.",
-       [](const SessionSeries& s) { return static_cast<double>(s.peak_allocated_bytes); }},
-      {"tigon_session_peak_reserved_bytes", "Peak reserved device memory during the session's latest call.",
-       [](const SessionSeries& s) { return static_cast<double>(s.peak_reserved_bytes); }},
-      {"tigon_session_step", "Optimizer steps the session has taken.",
-       [](const SessionSeries& s) { return static_cast<double>(s.step); }},
-  };
-  for (const Gauge& g : gauges) {
-    w.Header(g.name, "gauge", g.help);
-    for (const auto& [id, s] : sessions_) {
-      if (s.has_step) w.Sample(g.name, {{"session", id}, {"model_family", s.model_family}}, g.value(s));
-    }
-  }
-
-  w.Header("tigon_savings_peak_allocated_bytes", "gauge",
-           "Peak allocated device memory of one measured step, by kernel choice (MeasureSavings).");
-  for (const auto& [id, s] : sessions_) {
-    for (const auto& [kernels, m] : s.savings) {
-      w.Sample("tigon_savings_peak_allocated_bytes",
-               {{"session", id}, {"model_family", s.model_family}, {"kernels", kernels}}, static_cast<double>(m.first));
-    }
-  }
-  w.Header("tigon_savings_step_seconds", "gauge", "Time of one measured step, by kernel choice (MeasureSavings).");
-  for (const auto& [id, s] : sessions_) {
-    for (const auto& [kernels, m] : s.savings) {
-      w.Sample("tigon_savings_step_seconds", {{"session", id}, {"model_family", s.model_family}, {"kernels", kernels}},
-               m.second);
-    }
-  }
-
-  w.Header("tigon_device_memory_total_bytes", "gauge", "Device memory, total.");
-  for (const auto& d : devices) {
-    w.Sample("tigon_device_memory_total_bytes", {{"device", std::to_string(d.index)}},
-             static_cast<double>(d.total_bytes));
-  }
-  w.Header("tigon_device_memory_used_bytes", "gauge", "Device memory in use (total - free).");
-  for (const auto& d : devices) {
-    w.Sample("tigon_device_memory_used_bytes", {{"device", std::to_string(d.index)}},
-             static_cast<double>(d.total_bytes - d.free_bytes));
-  }
-  return w.str();
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace tigon::server

@@ -1,16 +1,21 @@
-// Prometheus metrics of the service, rendered in the text exposition format (version 0.0.4).
-// Per-session series are labelled by session id and removed when the session closes, so label values
-// stay bounded by --max-sessions; everything else is labelled by method, status code, model family or
-// device index.
+// Prometheus metrics of the service, kept in a prometheus-cpp registry. Per-session series are labelled
+// by session id and removed when the session closes, so label values stay bounded by --max-sessions;
+// everything else is labelled by method, status code, model family or device index. The counters of
+// each model family exist from the start (at 0), so rates and increases have data before the first event.
 #pragma once
 
-#include <array>
-#include <cstdint>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "tigon/engine.h"
@@ -19,7 +24,9 @@ namespace tigon::server {
 
 class Metrics {
  public:
-  Metrics();
+  // `model_families`: the families whose counters are exported at 0 before their first event.
+  explicit Metrics(const std::vector<std::string>& model_families = {});
+  ~Metrics();
 
   // Called at each scrape for the device memory gauges.
   void SetDeviceSource(std::function<std::vector<tigon::DeviceInfo>()> source);
@@ -37,40 +44,55 @@ class Metrics {
   void RecordSavings(const std::string& session_id, const std::string& model_family, const std::string& kernels,
                      int64_t peak_allocated_bytes, double step_seconds);
 
+  // What the exposer serves: the registry, the device memory gauges and the process metrics.
+  std::vector<std::shared_ptr<prometheus::Collectable>> Collectables() const;
+  // The same in the text exposition format (what a scrape returns).
   std::string Render() const;
 
-  static constexpr std::array<double, 14> kStepBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                          0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+  class RegistryCollector;  // (public only for the helpers in metrics.cpp)
 
  private:
-  struct Histogram {
-    std::array<uint64_t, kStepBuckets.size()> buckets{};  // non-cumulative counts
-    uint64_t count = 0;
-    double sum = 0.0;
-    void Observe(double value);
-  };
+  // The gauges of one open session; those of its steps exist once it has taken one.
   struct SessionSeries {
     std::string model_family;
-    std::string precision;
-    double loss = 0.0;
-    double grad_norm = 0.0;
-    double tokens_per_second = 0.0;
-    int64_t peak_allocated_bytes = 0;
-    int64_t peak_reserved_bytes = 0;
-    int64_t step = 0;
-    bool has_step = false;
-    std::vector<tigon::OpSelection> ops;
-    // kernels ("fused" | "reference") -> {peak bytes, seconds} from MeasureSavings
-    std::map<std::string, std::pair<int64_t, double>> savings;
+    prometheus::Gauge* info = nullptr;
+    std::vector<prometheus::Gauge*> op_fused;
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* grad_norm = nullptr;
+    prometheus::Gauge* tokens_per_second = nullptr;
+    prometheus::Gauge* peak_allocated_bytes = nullptr;
+    prometheus::Gauge* peak_reserved_bytes = nullptr;
+    prometheus::Gauge* step = nullptr;
+    // kernels ("fused" | "reference") -> {peak bytes, seconds} gauges from MeasureSavings
+    std::map<std::string, std::pair<prometheus::Gauge*, prometheus::Gauge*>> savings;
   };
+  class DeviceCollector;
 
-  mutable std::mutex mu_;
-  std::function<std::vector<tigon::DeviceInfo>()> device_source_;
-  std::map<std::pair<std::string, std::string>, uint64_t> rpcs_;           // method, code
-  std::map<std::pair<std::string, std::string>, Histogram> step_seconds_;  // method, family
-  std::map<std::string, uint64_t> tokens_total_;                           // family
-  std::map<std::string, uint64_t> oom_total_;                              // family
-  std::map<std::string, SessionSeries> sessions_;                          // session id
+  prometheus::Histogram& StepDuration(const std::string& method, const std::string& model_family);
+  void RemoveSeries(SessionSeries& series);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<RegistryCollector> families_;  // the registry, with empty families still described
+  std::shared_ptr<DeviceCollector> devices_;
+  std::shared_ptr<prometheus::Collectable> process_;
+  prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& tokens_total_;
+  prometheus::Family<prometheus::Counter>& oom_total_;
+  prometheus::Gauge& active_sessions_;
+  prometheus::Family<prometheus::Gauge>& session_info_;
+  prometheus::Family<prometheus::Gauge>& session_op_fused_;
+  prometheus::Family<prometheus::Gauge>& session_loss_;
+  prometheus::Family<prometheus::Gauge>& session_grad_norm_;
+  prometheus::Family<prometheus::Gauge>& session_tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& session_peak_allocated_bytes_;
+  prometheus::Family<prometheus::Gauge>& session_peak_reserved_bytes_;
+  prometheus::Family<prometheus::Gauge>& session_step_;
+  prometheus::Family<prometheus::Gauge>& savings_peak_allocated_bytes_;
+  prometheus::Family<prometheus::Gauge>& savings_step_seconds_;
+
+  std::mutex mu_;  // guards sessions_ (the families lock themselves)
+  std::map<std::string, SessionSeries> sessions_;  // session id
 };
 
 }  // namespace tigon::server

@@ -1,31 +1,40 @@
-// The HTTP endpoint that serves Metrics::Render() at /metrics (cpp-httplib, its own thread and port).
+// The HTTP endpoint that serves the metrics at /metrics: prometheus-cpp's exposer (civetweb) on its own
+// port, with enough worker threads and short read timeouts that slow or half-open clients cannot keep
+// a scrape waiting, and optionally a bearer token that every request must carry.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "server/auth.h"
 #include "server/metrics.h"
 
-namespace httplib {
-class Server;
+namespace prometheus {
+class Exposer;
 }
 
 namespace tigon::server {
 
 class MetricsEndpoint {
  public:
+  // Requests are served by this many civetweb worker threads; each connection holds one while it is
+  // read, for at most kRequestTimeoutMs, so fewer than kWorkerThreads stalled clients never delay a scrape.
+  static constexpr int kWorkerThreads = 128;
+  static constexpr int kRequestTimeoutMs = 2000;
+
   explicit MetricsEndpoint(const Metrics* metrics);
   ~MetricsEndpoint();
 
-  // Binds HOST:PORT (port 0 picks a free one, returned in `bound_port`) and starts serving.
-  bool Start(const std::string& address, int* bound_port, std::string* error);
+  // Binds HOST:PORT (port 0 picks a free one, returned in `bound_port`) and starts serving. With
+  // `scrapers` enabled (a --metrics-token-file), a request without 'Authorization: Bearer <token>' of
+  // one of its tokens is answered 401.
+  bool Start(const std::string& address, const TokenAuthenticator& scrapers, int* bound_port, std::string* error);
   void Stop();
 
  private:
   const Metrics* metrics_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
 };
 
 }  // namespace tigon::server

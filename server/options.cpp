@@ -70,6 +70,15 @@ const std::vector<Flag>& Flags() {
          o->checkpoint_root = v;
          return !v.empty();
        }},
+      {"model-root", "DIR",
+       "a folder of Hugging Face model folders (repeatable, tried in the order given): CreateSession's "
+       "model_path may name a folder inside one, relative to it or as an absolute path, and nothing "
+       "outside (symbolic links that lead out of the root are refused). Without it model_path reaches "
+       "only the caller's checkpoints under --checkpoint-root",
+       [](const std::string& v, ServerOptions* o) {
+         o->model_roots.push_back(v);
+         return !v.empty();
+       }},
       {"max-sessions", "N", "most sessions open at once (default 16)",
        [](const std::string& v, ServerOptions* o) { return ParseInt(v, 1, &o->max_sessions); }},
       {"max-batch-tokens", "N", "most tokens (batch * seq_len) in one request (default 262144)",
@@ -133,6 +142,15 @@ const std::vector<Flag>& Flags() {
          o->metrics_listen = v;
          o->metrics_listen_given = true;
          return ValidListenAddress(v);
+       }},
+      {"metrics-token-file", "FILE",
+       "file with the bearer tokens that may scrape the metrics endpoint, in the --auth-token-file format "
+       "(one token per line serves as Prometheus' authorization.credentials_file); every request then needs "
+       "'Authorization: Bearer <token>', otherwise 401 (default: the endpoint, which shows session ids and "
+       "losses, is open to whoever reaches its port)",
+       [](const std::string& v, ServerOptions* o) {
+         o->metrics_token_file = v;
+         return !v.empty();
        }},
   };
   return flags;

@@ -11,6 +11,9 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free port (printed at start)
   std::string auth_token_file;             // empty: no authentication
   std::string checkpoint_root;             // empty: Save/LoadCheckpoint answer FAILED_PRECONDITION
+  // Folders whose model folders CreateSession's model_path may name (--model-root, repeatable). With
+  // none, model_path reaches only the caller's checkpoints (and is off without --checkpoint-root).
+  std::vector<std::string> model_roots;
   int64_t max_sessions = 16;
   int64_t max_batch_tokens = 262144;              // batch * seq_len per request
   int64_t max_message_bytes = 64 << 20;           // largest request accepted (RESOURCE_EXHAUSTED above it)
@@ -20,6 +23,7 @@ struct ServerOptions {
   double session_idle_timeout_seconds = 0;        // close sessions without a call for this long; 0 = never
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
   bool metrics_listen_given = false;              // the default address may be taken (then: no metrics, a warning)
+  std::string metrics_token_file;                 // empty: /metrics is open to whoever reaches the port
   // Largest model CreateSession builds, in parameters (estimated from the config before anything is
   // allocated); 0 = no limit. The default is past what one 141 GiB GPU can train.
   int64_t max_parameters = 100'000'000'000;

@@ -250,8 +250,14 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
   return Handle("CreateSession", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::SessionOptions options;
     const int device_count = static_cast<int>(engine_.list_devices().size());
-    grpc::Status status =
-        ValidateCreateSession(*request, engine_.model_families, device_count, &options, config_.max_parameters);
+    ModelFolder model_folder;
+    if (request->model_case() == v1::CreateSessionRequest::kModelPath) {
+      grpc::Status found =
+          config_.model_roots.Resolve(request->model_path(), CheckpointsLookup(checkpoints_), &model_folder);
+      if (!found.ok()) return found;
+    }
+    grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options,
+                                                config_.max_parameters, &model_folder);
     if (!status.ok()) return status;
     WorldRank world;
     status = ValidateWorldRank(*request, device_count, &world);
@@ -272,7 +278,8 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
       if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
         metrics_->RecordOutOfMemory("unknown");
       }
-      return ToGrpcStatus(engine_status);
+      const grpc::Status engine_error = ToGrpcStatus(engine_status);
+      return grpc::Status(engine_error.error_code(), HideModelFolder(engine_error.error_message(), model_folder));
     }
     if (session == nullptr) {
       return Error(grpc::StatusCode::INTERNAL, "the engine created no session");

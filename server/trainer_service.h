@@ -23,6 +23,7 @@
 #include "server/checkpoint_paths.h"
 #include "server/engine_api.h"
 #include "server/metrics.h"
+#include "server/model_roots.h"
 #include "server/session_registry.h"
 #include "tigon/engine.h"
 #include "tigon/v1/trainer.grpc.pb.h"
@@ -40,6 +41,8 @@ struct ServiceConfig {
   double call_order_timeout_seconds = 30.0;
   // Largest model CreateSession builds (estimated from its config); 0 = no limit.
   int64_t max_parameters = 0;
+  // The folders model_path may name besides the caller's checkpoints (--model-root).
+  ModelRoots model_roots;
 };
 
 class TrainerService final : public v1::Trainer::Service {

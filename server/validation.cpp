@@ -1,8 +1,6 @@
 #include "server/validation.h"
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -87,8 +85,8 @@ double EstimateParameterCount(const std::string& config_json) {
 
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
-                                   tigon::SessionOptions* options, int64_t max_parameters) {
-  namespace fs = std::filesystem;
+                                   tigon::SessionOptions* options, int64_t max_parameters,
+                                   const ModelFolder* model_folder) {
   switch (request.model_case()) {
     case v1::CreateSessionRequest::kConfigJson: {
       nlohmann::json config = nlohmann::json::parse(request.config_json(), nullptr,
@@ -110,16 +108,24 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
       break;
     }
     case v1::CreateSessionRequest::kModelPath: {
-      const std::string& path = request.model_path();
-      std::error_code ec;
-      if (path.empty()) return Invalid("model_path is empty");
-      if (!fs::is_directory(path, ec)) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND, "model folder '" + path + "' does not exist on the server");
+      // The folder was resolved inside the model roots and its config.json read (with a size cap) by
+      // ModelRoots::Resolve; nothing of the file is echoed back, it is the server's, not the caller's.
+      if (model_folder == nullptr || model_folder->path.empty()) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "model_path was not resolved by the server");
       }
-      if (!fs::is_regular_file(fs::path(path) / "config.json", ec)) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND, "model folder '" + path + "' has no config.json");
+      const nlohmann::json config = nlohmann::json::parse(model_folder->config_json, nullptr,
+                                                          /*allow_exceptions=*/false);
+      if (config.is_discarded() || !config.is_object() || !config.contains("model_type") ||
+          !config["model_type"].is_string()) {
+        return Invalid("the model's config.json is not a JSON object with a \"model_type\" string");
       }
-      options->model_path = path;
+      bool supported = false;
+      for (const auto& f : model_families) supported |= (f == config["model_type"].get<std::string>());
+      if (!supported) {
+        return Invalid("the model's config.json has a model_type this server does not train; supported: " +
+                       Join(model_families));
+      }
+      options->model_path = model_folder->path;
       break;
     }
     case v1::CreateSessionRequest::MODEL_NOT_SET:
@@ -128,13 +134,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
           "or model_path (a local Hugging Face folder)");
   }
   if (max_parameters > 0) {
-    std::string config_text = options->config_json;
-    if (!options->model_path.empty()) {
-      std::ifstream in(fs::path(options->model_path) / "config.json");
-      std::ostringstream text;
-      text << in.rdbuf();
-      config_text = text.str();
-    }
+    const std::string& config_text = options->model_path.empty() ? options->config_json : model_folder->config_json;
     const double estimate = EstimateParameterCount(config_text);
     if (estimate > static_cast<double>(max_parameters)) {
       std::ostringstream out;

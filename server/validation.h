@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/engine_api.h"
+#include "server/model_roots.h"
 #include "tigon/engine.h"
 #include "tigon/v1/trainer.pb.h"
 
@@ -30,12 +31,14 @@ grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& settings);
 tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& settings);
 
 // Checks a CreateSessionRequest against the engine's model families and the device count, and
-// fills the engine's options. NOT_FOUND for a model folder that does not exist.
+// fills the engine's options. A model_path request needs `model_folder`, what ModelRoots::Resolve
+// found for it (the folder and its config.json).
 // With max_parameters > 0, a model whose estimated size is larger is RESOURCE_EXHAUSTED before anything
 // is allocated (a hostile or mistyped config must not make the server try to allocate terabytes).
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
-                                   tigon::SessionOptions* options, int64_t max_parameters = 0);
+                                   tigon::SessionOptions* options, int64_t max_parameters = 0,
+                                   const ModelFolder* model_folder = nullptr);
 
 // CreateSessionRequest.world, when set: world_size in [2, kMaxWorldSize], rank in [0, world_size), the
 // 128-byte communicator id, a collective timeout in [0, a day], one CUDA device (devices empty means

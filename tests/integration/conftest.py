@@ -113,7 +113,8 @@ def start_server(tmp_path):
 def shared_server(tmp_path_factory):
     """One server for the tests that need no special flags: small limits so that they can be hit."""
     tmp = tmp_path_factory.mktemp("shared")
-    server = ServerProcess(str(tmp), f"--checkpoint-root={tmp / 'checkpoints'}", "--max-batch-tokens=2048",
+    server = ServerProcess(str(tmp), f"--checkpoint-root={tmp / 'checkpoints'}",
+                           f"--model-root={os.path.join(ROOT, 'tests', 'fixtures')}", "--max-batch-tokens=2048",
                            "--max-message-bytes=8192", "--max-sessions=8")
     server.checkpoint_root = str(tmp / "checkpoints")
     yield server

@@ -60,7 +60,7 @@ def test_not_found(session, shared_server):
         client.session("s-0000")
     with pytest.raises(tigon.NotFound, match="no checkpoint 'never-saved'"):
         s.load("never-saved")
-    with pytest.raises(tigon.NotFound, match="does not exist"):
+    with pytest.raises(tigon.NotFound, match="names no model this server offers"):
         client.create_session("/nonexistent/model/folder")
     closed = client.create_session(TINY_LLAMA, precision="fp32")
     closed.close()

@@ -127,8 +127,8 @@ def test_metrics_endpoint_exports_training_metrics(shared_server):
         with urllib.request.urlopen(shared_server.metrics_url, timeout=10) as response:
             assert response.headers["Content-Type"].startswith("text/plain")
             text = response.read().decode()
-        assert f'tigon_session_loss{{session="{session.id}",model_family="llama"}}' in text
-        assert re.search(r'tigon_rpcs_total\{method="TrainStep",code="OK"\} [1-9]', text)
+        assert f'tigon_session_loss{{model_family="llama",session="{session.id}"}}' in text
+        assert re.search(r'tigon_rpcs_total\{code="OK",method="TrainStep"\} [1-9]', text)
         assert 'tigon_step_duration_seconds_bucket{method="TrainStep",model_family="llama",le="+Inf"}' in text
         assert re.search(r"tigon_active_sessions [1-9]", text)
         for line in text.splitlines():

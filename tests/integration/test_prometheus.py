@@ -7,8 +7,11 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+
+import pytest
 
 from conftest import CORPUS, ROOT, TINY_LLAMA, byte_batches
 from test_dashboard import dashboard_queries
@@ -53,7 +56,7 @@ def test_measure_savings_reports_both_kernel_choices(shared_server):
         assert result.saved_bytes == result.reference.peak_memory_bytes - result.fused.peak_memory_bytes
         assert session.info().step == 0, "the session itself is not trained"
         text = scrape(shared_server)
-        assert f'tigon_savings_step_seconds{{session="{session.id}",model_family="llama",kernels="fused"}}' in text
+        assert f'tigon_savings_step_seconds{{kernels="fused",model_family="llama",session="{session.id}"}}' in text
 
 
 def test_a_real_prometheus_scrapes_a_training_server(shared_server, tmp_path):
@@ -111,3 +114,89 @@ def test_a_real_prometheus_scrapes_a_training_server(shared_server, tmp_path):
         prometheus.terminate()
         prometheus.wait(30)
         log.close()
+
+
+def test_counters_and_process_metrics_are_exported_from_the_start(start_server):
+    server = start_server()
+    text = scrape(server)
+    for family in ("llama", "gemma", "mistral", "qwen2", "phi3"):
+        assert f'tigon_out_of_memory_total{{model_family="{family}"}} 0' in text, text
+        assert f'tigon_tokens_processed_total{{model_family="{family}"}} 0' in text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["process_resident_memory_bytes"] > 1 << 20
+    assert values["process_cpu_seconds_total"] > 0
+    assert values["process_open_fds"] > 0
+    assert abs(values["process_start_time_seconds"] - time.time()) < 600
+
+
+def test_half_open_connections_do_not_stall_a_scrape(start_server):
+    server = start_server()
+    host, port = server.metrics_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    stalled = []
+    try:
+        for i in range(64):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            if i % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a request that never ends
+            stalled.append(s)
+        time.sleep(0.2)
+        # With the connections still open, a scrape is answered at once (3 s: a bound, not a measurement).
+        with urllib.request.urlopen(server.metrics_url, timeout=3) as response:
+            assert "tigon_active_sessions 0" in response.read().decode()
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def prometheus_up(tmp_path, jobs):
+    """Starts a real Prometheus scraping each job {name: extra scrape config}; returns {job: up} once
+    every job has been scraped."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n" + "".join(
+        f"  - job_name: {name}\n{extra}    static_configs:\n      - targets: ['{target}']\n"
+        for name, (target, extra) in jobs.items()))
+    log = open(tmp_path / "prometheus.log", "wb")
+    prometheus = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+    try:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": "up"})
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    result = json.load(response)["data"]["result"]
+                up = {r["metric"]["job"]: r["value"][1] for r in result}
+                if set(up) == set(jobs):
+                    return up
+            except OSError:
+                pass  # Prometheus is still starting
+            time.sleep(0.5)
+        raise AssertionError("Prometheus never scraped every job: " + (tmp_path / "prometheus.log").read_text())
+    finally:
+        prometheus.terminate()
+        prometheus.wait(30)
+        log.close()
+
+
+def test_a_scrape_needs_the_token_when_the_flag_is_set(start_server, tmp_path):
+    token_file = tmp_path / "scrape-token"
+    token_file.write_text("b1c8f0e7d2a94c33\n")
+    server = start_server(f"--metrics-token-file={token_file}")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic YjFjOGYwZTdkMmE5NGMzMw=="}):
+        request = urllib.request.Request(server.metrics_url, headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401, headers
+        assert "tigon_" not in refused.value.read().decode()
+    request = urllib.request.Request(server.metrics_url, headers={"Authorization": "Bearer b1c8f0e7d2a94c33"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert "tigon_active_sessions 0" in response.read().decode()
+    # A real Prometheus scrapes it with `authorization: {credentials_file: ...}`, and not without.
+    target = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
+    up = prometheus_up(tmp_path, {
+        "with-token": (target, f"    authorization:\n      credentials_file: {token_file}\n"),
+        "without-token": (target, ""),
+    })
+    assert up == {"with-token": "1", "without-token": "0"}

@@ -609,11 +609,11 @@ TEST_F(TrainerServiceTest, EngineErrorsAreMappedAndTheServerKeepsServing) {
   EXPECT_EQ(result.step(), 1);
   const std::string text = metrics_.Render();
   EXPECT_NE(text.find("tigon_out_of_memory_total{model_family=\"llama\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"RESOURCE_EXHAUSTED\"} 1"), std::string::npos);
-  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"INTERNAL\"} 1"), std::string::npos);
-  EXPECT_NE(text.find("tigon_rpcs_total{method=\"TrainStep\",code=\"OK\"} 1"), std::string::npos);
-  EXPECT_NE(text.find("tigon_session_loss{session=\"" + id + "\",model_family=\"llama\"} 3"), std::string::npos);
-  EXPECT_NE(text.find("tigon_session_op_fused{session=\"" + id + "\",op=\"rms_norm\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_rpcs_total{code=\"RESOURCE_EXHAUSTED\",method=\"TrainStep\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_rpcs_total{code=\"INTERNAL\",method=\"TrainStep\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_rpcs_total{code=\"OK\",method=\"TrainStep\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tigon_session_loss{model_family=\"llama\",session=\"" + id + "\"} 3"), std::string::npos);
+  EXPECT_NE(text.find("tigon_session_op_fused{op=\"rms_norm\",session=\"" + id + "\"} 1"), std::string::npos);
   EXPECT_NE(text.find("tigon_active_sessions 1"), std::string::npos);
 }
 
@@ -894,8 +894,8 @@ TEST_F(TrainerServiceTest, MeasureSavingsRunsTemporaryTwinsAndLeavesTheSessionAl
     EXPECT_EQ(info.step(), 0);
   }
   const std::string text = metrics_.Render();
-  EXPECT_NE(text.find("tigon_savings_peak_allocated_bytes{session=\"" + id +
-                      "\",model_family=\"llama\",kernels=\"reference\"} 10000"),
+  EXPECT_NE(text.find("tigon_savings_peak_allocated_bytes{kernels=\"reference\",model_family=\"llama\",session=\"" +
+                      id + "\"} 10000"),
             std::string::npos)
       << text;
   request.set_seq_len(65);

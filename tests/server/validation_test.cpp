@@ -193,18 +193,20 @@ TEST_F(ValidateCreateSessionTest, BadModelsAreRefused) {
   auto status = Validate(request);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("supported: llama, gemma"), std::string::npos) << status.error_message();
-  request.set_model_path("/nonexistent/tigon/model");
-  EXPECT_EQ(Validate(request).error_code(), grpc::StatusCode::NOT_FOUND);
-  const auto folder = std::filesystem::path(testing::TempDir()) / "tigon_empty_model";
-  std::filesystem::create_directories(folder);
-  request.set_model_path(folder.string());
-  status = Validate(request);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(status.error_message().find("config.json"), std::string::npos);
-  std::ofstream(folder / "config.json") << "{}";
-  EXPECT_TRUE(Validate(request).ok());
-  EXPECT_EQ(options_.model_path, folder.string());
-  std::filesystem::remove_all(folder);
+  // model_path: the folder ModelRoots::Resolve found, with its config.json (nothing of it echoed).
+  request.set_model_path("llama");
+  EXPECT_EQ(Validate(request).error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "not resolved";
+  ModelFolder folder{"/models/llama", R"({"model_type": "SECRET-1"})"};
+  status = ValidateCreateSession(request, {"llama", "gemma"}, 0, &options_, 0, &folder);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message().find("SECRET"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("supported: llama, gemma"), std::string::npos) << status.error_message();
+  folder.config_json = "{not json";
+  EXPECT_EQ(ValidateCreateSession(request, {"llama"}, 0, &options_, 0, &folder).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  folder.config_json = R"({"model_type": "llama"})";
+  EXPECT_TRUE(ValidateCreateSession(request, {"llama"}, 0, &options_, 0, &folder).ok());
+  EXPECT_EQ(options_.model_path, "/models/llama");
 }
 
 TEST_F(ValidateCreateSessionTest, BadSettingsAreRefused) {
@@ -271,14 +273,11 @@ TEST_F(ValidateCreateSessionTest, AModelOverMaxParametersIsResourceExhausted) {
   EXPECT_NE(status.error_message().find("--max-parameters"), std::string::npos) << status.error_message();
   EXPECT_TRUE(ValidateCreateSession(request, {"llama"}, 0, &options_, 0).ok()) << "0: no limit";
   // The same check for a model folder, through its config.json.
-  const auto folder = std::filesystem::path(testing::TempDir()) / "tigon_huge_model";
-  std::filesystem::create_directories(folder);
-  std::ofstream(folder / "config.json") << request.config_json();
+  const ModelFolder folder{"/models/huge", request.config_json()};
   v1::CreateSessionRequest from_folder;
-  from_folder.set_model_path(folder.string());
-  EXPECT_EQ(ValidateCreateSession(from_folder, {"llama"}, 0, &options_, 100'000'000'000).error_code(),
+  from_folder.set_model_path("huge");
+  EXPECT_EQ(ValidateCreateSession(from_folder, {"llama"}, 0, &options_, 100'000'000'000, &folder).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
-  std::filesystem::remove_all(folder);
 }
 
 }  // namespace

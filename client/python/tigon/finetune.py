@@ -180,11 +180,14 @@ def train(client, model, kernels, batches, args, save_path=None):
                 checkpoint=saved.path if saved else None, losses=losses)
 
 
-def start_local_server(binary, log_path, checkpoint_root=None):
+def start_local_server(binary, log_path, checkpoint_root=None, model_folder=None):
     log = open(log_path, "ab")
     flags = ["--listen=127.0.0.1:0", "--metrics-listen=off"]
     if checkpoint_root:
         flags.append(f"--checkpoint-root={checkpoint_root}")
+    if model_folder:
+        # The server reads model folders only inside its model roots: offer the folder's parent.
+        flags.append(f"--model-root={os.path.dirname(os.path.abspath(model_folder))}")
     proc = subprocess.Popen([binary, *flags],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     for line in proc.stdout:
@@ -276,7 +279,8 @@ def main(argv=None):
                 ap.error(f"--save {args.save} is not inside --checkpoint-root {args.checkpoint_root}")
             os.makedirs(checkpoint_root, exist_ok=True)
         log_path = os.environ.get("TIGON_SERVER_LOG", os.path.join(tempfile.gettempdir(), "tigon-server.log"))
-        proc, address = start_local_server(args.server_bin, log_path, checkpoint_root)
+        model_folder = args.model if args.model and os.path.isdir(args.model) else None
+        proc, address = start_local_server(args.server_bin, log_path, checkpoint_root, model_folder)
     else:
         address = args.server
     try:
