@@ -197,7 +197,7 @@ grpc::Status ModelRoots::Resolve(const std::string& request_path, const Checkpoi
   return Refused(grpc::StatusCode::NOT_FOUND, kNotOffered);
 }
 
-ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints) {
+ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints, const Caller&) {
   return [&checkpoints](const std::string& request_path, std::string* folder, std::string* root) {
     std::string relative;
     grpc::Status status = checkpoints.Resolve(request_path, folder, &relative);

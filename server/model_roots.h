@@ -51,8 +51,9 @@ class ModelRoots {
 };
 
 class CheckpointRoot;
-// The checkpoints a model_path may name: those that SaveCheckpoint/LoadCheckpoint would reach.
-ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints);
+struct Caller;
+// The checkpoints a model_path may name: those that LoadCheckpoint would reach for `caller`.
+ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints, const Caller& caller);
 
 // An engine error about a resolved model folder, with the folder's server path replaced by "the model
 // folder" (the client named it by model_path and need not learn where the roots are).

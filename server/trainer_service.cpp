@@ -253,7 +253,7 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
     ModelFolder model_folder;
     if (request->model_case() == v1::CreateSessionRequest::kModelPath) {
       grpc::Status found =
-          config_.model_roots.Resolve(request->model_path(), CheckpointsLookup(checkpoints_), &model_folder);
+          config_.model_roots.Resolve(request->model_path(), CheckpointsLookup(checkpoints_, caller), &model_folder);
       if (!found.ok()) return found;
     }
     grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options,
