@@ -206,16 +206,22 @@ ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints
   };
 }
 
-std::string HideModelFolder(const std::string& message, const ModelFolder& folder) {
-  if (folder.path.empty()) return message;
-  std::string out = message;
+grpc::Status ResolveModelFolder(const ModelRoots& roots, const CheckpointRoot& checkpoints, const Caller& caller,
+                                const v1::CreateSessionRequest& request, ModelFolder* folder) {
+  if (request.model_case() != v1::CreateSessionRequest::kModelPath) return grpc::Status::OK;
+  return roots.Resolve(request.model_path(), CheckpointsLookup(checkpoints, caller), folder);
+}
+
+grpc::Status HideModelFolder(const grpc::Status& status, const ModelFolder& folder) {
+  if (folder.path.empty() || status.ok()) return status;
+  std::string out = status.error_message();
   for (const std::string& from : {folder.path + "/", folder.path}) {
     const std::string to = from.back() == '/' ? "" : "the model folder";
     for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + to.size())) {
       out.replace(at, from.size(), to);
     }
   }
-  return out;
+  return grpc::Status(status.error_code(), out);
 }
 
 }  // namespace tigon::server

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tigon/v1/trainer.pb.h"
+
 namespace tigon::server {
 
 // A resolved model folder: its canonical path (no symbolic link left in it) and its config.json.
@@ -55,8 +57,14 @@ struct Caller;
 // The checkpoints a model_path may name: those that LoadCheckpoint would reach for `caller`.
 ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints, const Caller& caller);
 
-// An engine error about a resolved model folder, with the folder's server path replaced by "the model
-// folder" (the client named it by model_path and need not learn where the roots are).
-std::string HideModelFolder(const std::string& message, const ModelFolder& folder);
+// CreateSession's model folder: for a model_path request, roots.Resolve with the caller's checkpoints;
+// OK with `folder` left empty for a config_json request.
+grpc::Status ResolveModelFolder(const ModelRoots& roots, const CheckpointRoot& checkpoints, const Caller& caller,
+                                const v1::CreateSessionRequest& request, ModelFolder* folder);
+
+// An engine error about a resolved model folder, with the folder's server path left out of its
+// message (files are named relative to the folder; the client named it by model_path and need not
+// learn where the roots are).
+grpc::Status HideModelFolder(const grpc::Status& status, const ModelFolder& folder);
 
 }  // namespace tigon::server

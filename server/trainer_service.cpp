@@ -250,14 +250,10 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
   return Handle("CreateSession", ctx, [&](const Caller& caller) -> grpc::Status {
     tigon::SessionOptions options;
     const int device_count = static_cast<int>(engine_.list_devices().size());
-    ModelFolder model_folder;
-    if (request->model_case() == v1::CreateSessionRequest::kModelPath) {
-      grpc::Status found =
-          config_.model_roots.Resolve(request->model_path(), CheckpointsLookup(checkpoints_, caller), &model_folder);
-      if (!found.ok()) return found;
-    }
-    grpc::Status status = ValidateCreateSession(*request, engine_.model_families, device_count, &options,
-                                                config_.max_parameters, &model_folder);
+    ModelFolder folder;  // what a model_path names, resolved inside the model roots (model_roots.h)
+    grpc::Status status = ResolveModelFolder(config_.model_roots, checkpoints_, caller, *request, &folder);
+    if (status.ok()) status = ValidateCreateSession(*request, engine_.model_families, device_count, &options,
+                                                    config_.max_parameters, &folder);
     if (!status.ok()) return status;
     WorldRank world;
     status = ValidateWorldRank(*request, device_count, &world);
@@ -278,12 +274,9 @@ grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::C
       if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
         metrics_->RecordOutOfMemory("unknown");
       }
-      const grpc::Status engine_error = ToGrpcStatus(engine_status);
-      return grpc::Status(engine_error.error_code(), HideModelFolder(engine_error.error_message(), model_folder));
+      return HideModelFolder(ToGrpcStatus(engine_status), folder);
     }
-    if (session == nullptr) {
-      return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
-    }
+    if (session == nullptr) return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
     // A caller that gave up while the model was built would never learn the session's id: drop it
     // rather than leak a session (and its device memory) until shutdown.
     if (ctx->IsCancelled()) {
