@@ -1,9 +1,9 @@
-// The limiting CPU allocator behind the CPU memory cap of testing/test_hooks.h. It takes raw blocks from the allocator it
+// The limiting CPU allocator behind tigon/cpu_memory_limit.h. It takes raw blocks from the allocator it
 // replaces (torch's default CPU allocator) and hands out DataPtrs whose context is the data pointer, as
 // the default allocator does, so code that frees through raw_deleter() or checks for "simple" data
 // pointers keeps working. Block sizes live in a map (one lookup per allocation and free; CPU tensors are
 // not allocated at a rate where that matters).
-#include "testing/test_hooks.h"
+#include "tigon/cpu_memory_limit.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -20,7 +20,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace tigon::testing {
+namespace tigon {
 namespace {
 
 constexpr const char* kEnvironmentVariable = "TIGON_CPU_MEMORY_LIMIT_BYTES";
@@ -180,4 +180,4 @@ void ResetCpuMemoryPeak() {
   if (LimitingCpuAllocator* allocator = Installed()) allocator->reset_peak();
 }
 
-}  // namespace tigon::testing
+}  // namespace tigon

@@ -1,4 +1,4 @@
-// CPU out of memory, forced through the CPU memory limit (engine/src/testing/test_hooks.h): a batch too big for
+// CPU out of memory, forced through the CPU memory limit (tigon/cpu_memory_limit.h): a batch too big for
 // the limit fails with RESOURCE_EXHAUSTED naming CPU memory, applies nothing, and the session keeps
 // training; repeated failures leak nothing. The GPU counterpart runs on the device (tests/gpu).
 #include <gtest/gtest.h>
@@ -8,16 +8,12 @@
 #include <fstream>
 
 #include "engine_test_util.h"
-#include "test_hooks.h"
+#include "tigon/cpu_memory_limit.h"
 
 namespace tigon {
 namespace {
 
-using testing::CpuMemoryUsage;
-using testing::GetCpuMemoryUsage;
 using testing::RandomBatch;
-using testing::ResetCpuMemoryPeak;
-using testing::SetCpuMemoryLimit;
 using testing::TinyOptions;
 
 int64_t ResidentBytes() {
