@@ -17,7 +17,7 @@ namespace {
 int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
 
 // POSIX nftw rather than std::filesystem::remove_all: libtorch 2.11, loaded into this process with the
-// engine, exports a remove_all that crashes when it wins symbol resolution (see engine/src/atomic_dir.cpp).
+// engine, exports a remove_all that crashes when it wins symbol resolution (see engine/src/checkpoint/atomic_dir.cpp).
 void RemoveTree(const std::string& path) { ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS); }
 
 bool AllDigits(const std::string& s) {

@@ -26,7 +26,7 @@ def test_server_compile_lines_have_no_torch_include_directories():
                     or "/server/gen/" in c["file"]]
     assert len(server_units) >= 10
     # The check itself catches torch: an engine unit has torch's include directory and its PCH.
-    engine = next(c for c in commands if c["file"].endswith("engine/src/session.cpp"))
+    engine = next(c for c in commands if c["file"].endswith("engine/src/session/session.cpp"))
     engine_line = engine.get("command") or " ".join(engine["arguments"])
     assert re.search(r"(-I|-isystem\s*)\S*torch", engine_line)
     for unit in server_units:

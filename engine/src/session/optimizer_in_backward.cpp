@@ -1,4 +1,4 @@
-#include "optimizer_in_backward.h"
+#include "session/optimizer_in_backward.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

@@ -21,16 +21,16 @@
 #include <cmath>
 #include <set>
 
-#include "clock.h"
-#include "communicator.h"
-#include "device_memory.h"
-#include "exception_status.h"
-#include "gradient_buckets.h"
-#include "log.h"
-#include "replica.h"
-#include "replica_threads.h"
-#include "step_marks.h"
-#include "step_stats.h"
+#include "parallel/communicator.h"
+#include "parallel/gradient_buckets.h"
+#include "parallel/replica.h"
+#include "parallel/replica_threads.h"
+#include "parallel/step_marks.h"
+#include "runtime/clock.h"
+#include "runtime/device_memory.h"
+#include "runtime/exception_status.h"
+#include "runtime/log.h"
+#include "session/step_stats.h"
 #include "testing/test_hooks.h"
 #include "tigon/data_parallel.h"
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "flat_parameters.h"
 #include "models/model.h"
+#include "session/flat_parameters.h"
 #include "tigon/engine.h"
 
 namespace tigon::engine {

@@ -1,4 +1,4 @@
-#include "atomic_dir.h"
+#include "checkpoint/atomic_dir.h"
 
 #include <fcntl.h>
 #include <ftw.h>

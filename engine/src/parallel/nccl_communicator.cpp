@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "communicator.h"
+#include "parallel/communicator.h"
 
 #ifdef TIGON_WITH_NCCL
 #include <cuda_runtime_api.h>

@@ -18,8 +18,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include "flat_parameters.h"
 #include "kernels/ops/common.h"
+#include "session/flat_parameters.h"
 
 namespace tigon::engine {
 

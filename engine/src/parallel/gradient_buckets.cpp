@@ -1,4 +1,4 @@
-#include "gradient_buckets.h"
+#include "parallel/gradient_buckets.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

@@ -11,17 +11,17 @@
 #include <fstream>
 #include <sstream>
 
-#include "atomic_dir.h"
-#include "clock.h"
-#include "device_memory.h"
-#include "exception_status.h"
-#include "flat_parameters.h"
-#include "optimizer_in_backward.h"
-#include "log.h"
+#include "checkpoint/atomic_dir.h"
 #include "models/model.h"
 #include "models/safetensors.h"
-#include "replica.h"
-#include "step_stats.h"
+#include "parallel/replica.h"
+#include "runtime/clock.h"
+#include "runtime/device_memory.h"
+#include "runtime/exception_status.h"
+#include "runtime/log.h"
+#include "session/flat_parameters.h"
+#include "session/optimizer_in_backward.h"
+#include "session/step_stats.h"
 #include "tigon/data_parallel.h"
 #include "tigon/engine.h"
 

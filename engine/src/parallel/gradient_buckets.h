@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "flat_parameters.h"
 #include "models/model.h"
+#include "session/flat_parameters.h"
 
 namespace torch::autograd {
 struct Node;

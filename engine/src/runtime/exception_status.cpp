@@ -1,12 +1,12 @@
-#include "exception_status.h"
+#include "runtime/exception_status.h"
 
 #include <c10/util/Exception.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "device_memory.h"
 #include "models/model.h"
+#include "runtime/device_memory.h"
 
 namespace tigon::engine {
 

@@ -1,4 +1,4 @@
-#include "device_memory.h"
+#include "runtime/device_memory.h"
 
 #include <torch/torch.h>
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "communicator.h"
+#include "parallel/communicator.h"
 
 namespace tigon::engine {
 namespace {

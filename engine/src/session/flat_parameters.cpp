@@ -1,4 +1,4 @@
-#include "flat_parameters.h"
+#include "session/flat_parameters.h"
 
 #include <torch/torch.h>
 
