@@ -63,8 +63,9 @@ write(ST, "float_offsets", safetensors({"a": {"dtype": "U8", "shape": [1], "data
 
 # ---- config.json ---------------------------------------------------------------------------------
 CF = "fuzz_config"
-for family in ["gemma", "llama", "mistral", "phi3", "qwen2"]:
-    path = os.path.join(ROOT, "tests", "fixtures", family, "config.json")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+for family in sorted(os.listdir(FIXTURES)):  # one fixture per registered family (models/families/)
+    path = os.path.join(FIXTURES, family, "config.json")
     if os.path.exists(path):
         with open(path, "rb") as f:
             write(CF, "fixture_" + family, f.read())

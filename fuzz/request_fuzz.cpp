@@ -12,11 +12,12 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "fuzz/fuzz_check.h"
+#include "models/model.h"
 #include "server/validation.h"
 
 namespace {
 
-const std::vector<std::string> kFamilies = {"gemma", "llama", "mistral", "phi3", "qwen2"};
+const std::vector<std::string> kFamilies = tigon::models::SupportedFamilies();
 
 void CheckCreateSession(const uint8_t* data, size_t size, int device_count) {
   tigon::v1::CreateSessionRequest request;

@@ -1,16 +1,22 @@
 // Hugging Face config.json -> ModelConfig, for transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
-// (`rope_parameters`) configs, with each family's defaults as its transformers config class sets them.
+// (`rope_parameters`) configs: the fields every family shares here, each family's defaults and own fields
+// in its spec (models/families/).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
+#include "models/families/family.h"
 #include "models/model.h"
 
 namespace tigon::models {
 namespace {
 
 const char* JsonTypeName(const nlohmann::json& value) { return value.type_name(); }
+
+}  // namespace
+
+namespace config_fields {
 
 bool Has(const nlohmann::json& json, const char* key) {
   return json.is_object() && json.contains(key) && !json.at(key).is_null();
@@ -54,13 +60,6 @@ std::string GetString(const nlohmann::json& json, const char* key, const std::st
   return value.get<std::string>();
 }
 
-int64_t RequireInt(const nlohmann::json& json, const char* key) {
-  if (!Has(json, key)) {
-    throw ModelError("config: missing required field '" + std::string(key) + "'");
-  }
-  return GetInt(json, key, "config");
-}
-
 int64_t IntOr(const nlohmann::json& json, const char* key, int64_t fallback) {
   return Has(json, key) ? GetInt(json, key, "config") : fallback;
 }
@@ -69,6 +68,68 @@ double DoubleOr(const nlohmann::json& json, const char* key, double fallback, co
 }
 bool BoolOr(const nlohmann::json& json, const char* key, bool fallback) {
   return Has(json, key) ? GetBool(json, key, "config") : fallback;
+}
+
+void ReadRope(const nlohmann::json& params, const std::string& where, double default_theta, double& theta,
+              RopeScaling& scaling) {
+  if (!params.is_object()) {
+    throw ModelError(where + " must be an object, got " + JsonTypeName(params));
+  }
+  theta = Has(params, "rope_theta") ? GetDouble(params, "rope_theta", where) : default_theta;
+  if (!(theta > 0)) {
+    throw ModelError("config: rope_theta must be positive, got " + std::to_string(theta));
+  }
+  std::string type = "default";
+  if (Has(params, "rope_type")) {
+    type = GetString(params, "rope_type", where);
+  } else if (Has(params, "type")) {
+    type = GetString(params, "type", where);
+  }
+  if (type != "default" && type != "linear" && type != "llama3") {
+    throw ModelError("config: unsupported rope type '" + type + "' (supported: default, linear, llama3)");
+  }
+  scaling.type = type;
+  scaling.factor = DoubleOr(params, "factor", 1.0, where);
+  scaling.low_freq_factor = DoubleOr(params, "low_freq_factor", 1.0, where);
+  scaling.high_freq_factor = DoubleOr(params, "high_freq_factor", 4.0, where);
+  scaling.original_max_position_embeddings =
+      Has(params, "original_max_position_embeddings") ? GetInt(params, "original_max_position_embeddings", where) : 0;
+  if (type != "default" && !(scaling.factor > 0)) {
+    throw ModelError(where + ": rope factor must be positive, got " + std::to_string(scaling.factor));
+  }
+  if (type == "llama3") {
+    if (scaling.original_max_position_embeddings <= 0) {
+      throw ModelError(where + ": llama3 rope scaling needs a positive 'original_max_position_embeddings'");
+    }
+    if (!(scaling.high_freq_factor > scaling.low_freq_factor) || !(scaling.low_freq_factor > 0)) {
+      throw ModelError(where + ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
+    }
+  }
+}
+
+nlohmann::json RopeScalingJson(const RopeScaling& scaling) {
+  nlohmann::json rope = nlohmann::json::object();
+  rope["rope_type"] = scaling.type;
+  if (scaling.type != "default") rope["factor"] = scaling.factor;
+  if (scaling.type == "llama3") {
+    rope["low_freq_factor"] = scaling.low_freq_factor;
+    rope["high_freq_factor"] = scaling.high_freq_factor;
+    rope["original_max_position_embeddings"] = scaling.original_max_position_embeddings;
+  }
+  return rope;
+}
+
+}  // namespace config_fields
+
+namespace {
+
+using namespace config_fields;
+
+int64_t RequireInt(const nlohmann::json& json, const char* key) {
+  if (!Has(json, key)) {
+    throw ModelError("config: missing required field '" + std::string(key) + "'");
+  }
+  return GetInt(json, key, "config");
 }
 
 std::string Join(const std::vector<std::string>& items) {
@@ -94,7 +155,7 @@ void RequirePositive(int64_t value, const char* key, int64_t max_value = kMaxSiz
 }
 
 // transformers 5: rope_parameters {rope_theta, rope_type, factor, ...}; 4.x: rope_theta at the top and
-// rope_scaling {type|rope_type, factor, ...} or null.
+// rope_scaling {type|rope_type, factor, ...} or null. (RoPE per layer type is the family's to read.)
 void ParseRope(const nlohmann::json& json, ModelConfig& config) {
   nlohmann::json params = nlohmann::json::object();
   std::string where = "config";
@@ -105,42 +166,7 @@ void ParseRope(const nlohmann::json& json, ModelConfig& config) {
     params = json.at("rope_scaling");
     where = "config.rope_scaling";
   }
-  if (!params.is_object()) {
-    throw ModelError(where + " must be an object, got " + JsonTypeName(params));
-  }
-  // Per-layer-type nesting (e.g. {"full_attention": {...}}) is a Gemma 3 feature; not supported here.
-  config.rope_theta = Has(params, "rope_theta") ? GetDouble(params, "rope_theta", where)
-                                                : DoubleOr(json, "rope_theta", 10000.0, "config");
-  if (!(config.rope_theta > 0)) {
-    throw ModelError("config: rope_theta must be positive, got " + std::to_string(config.rope_theta));
-  }
-  std::string type = "default";
-  if (Has(params, "rope_type")) {
-    type = GetString(params, "rope_type", where);
-  } else if (Has(params, "type")) {
-    type = GetString(params, "type", where);
-  }
-  if (type != "default" && type != "linear" && type != "llama3") {
-    throw ModelError("config: unsupported rope type '" + type + "' (supported: default, linear, llama3)");
-  }
-  RopeScaling& scaling = config.rope_scaling;
-  scaling.type = type;
-  scaling.factor = DoubleOr(params, "factor", 1.0, where);
-  scaling.low_freq_factor = DoubleOr(params, "low_freq_factor", 1.0, where);
-  scaling.high_freq_factor = DoubleOr(params, "high_freq_factor", 4.0, where);
-  scaling.original_max_position_embeddings =
-      Has(params, "original_max_position_embeddings") ? GetInt(params, "original_max_position_embeddings", where) : 0;
-  if (type != "default" && !(scaling.factor > 0)) {
-    throw ModelError(where + ": rope factor must be positive, got " + std::to_string(scaling.factor));
-  }
-  if (type == "llama3") {
-    if (scaling.original_max_position_embeddings <= 0) {
-      throw ModelError(where + ": llama3 rope scaling needs a positive 'original_max_position_embeddings'");
-    }
-    if (!(scaling.high_freq_factor > scaling.low_freq_factor) || !(scaling.low_freq_factor > 0)) {
-      throw ModelError(where + ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
-    }
-  }
+  ReadRope(params, where, DoubleOr(json, "rope_theta", 10000.0, "config"), config.rope_theta, config.rope_scaling);
   config.partial_rotary_factor = Has(params, "partial_rotary_factor")
                                      ? GetDouble(params, "partial_rotary_factor", where)
                                      : DoubleOr(json, "partial_rotary_factor", 1.0, "config");
@@ -150,38 +176,7 @@ void ParseRope(const nlohmann::json& json, ModelConfig& config) {
   }
 }
 
-// Mistral: sliding_window (null = full attention). Qwen2: only when use_sliding_window, and then only on
-// the layers that layer_types (or max_window_layers) marks as sliding.
-void ParseSlidingWindow(const nlohmann::json& json, ModelConfig& config) {
-  config.sliding_window.assign(config.num_hidden_layers, 0);
-  if (!Has(json, "sliding_window")) return;
-  const int64_t window = GetInt(json, "sliding_window", "config");
-  if (window <= 0) {
-    throw ModelError("config: field 'sliding_window' must be positive or null, got " + std::to_string(window));
-  }
-  if (config.family == "mistral") {
-    config.sliding_window.assign(config.num_hidden_layers, window);
-  } else if (config.family == "qwen2" && BoolOr(json, "use_sliding_window", false)) {
-    if (Has(json, "layer_types")) {
-      const auto& types = json.at("layer_types");
-      if (!types.is_array() || static_cast<int64_t>(types.size()) != config.num_hidden_layers) {
-        throw ModelError("config: 'layer_types' must list one type per layer (" +
-                         std::to_string(config.num_hidden_layers) + ")");
-      }
-      for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-        if (types[i] == "sliding_attention") config.sliding_window[i] = window;
-      }
-    } else {
-      // Layers from max_window_layers on slide; a negative value means all of them.
-      const int64_t first = std::max<int64_t>(IntOr(json, "max_window_layers", 28), 0);
-      for (int64_t i = first; i < config.num_hidden_layers; ++i) config.sliding_window[i] = window;
-    }
-  }
-}
-
 }  // namespace
-
-std::vector<std::string> SupportedFamilies() { return {"gemma", "llama", "mistral", "phi3", "qwen2"}; }
 
 ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   if (!json.is_object()) {
@@ -192,12 +187,9 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   if (!Has(json, "model_type")) {
     throw ModelError("config: missing required field 'model_type' (supported: " + Join(SupportedFamilies()) + ")");
   }
-  config.family = GetString(json, "model_type", "config");
-  const auto families = SupportedFamilies();
-  if (std::find(families.begin(), families.end(), config.family) == families.end()) {
-    throw ModelError("config: unknown model_type '" + config.family + "' (supported: " + Join(families) + ")");
-  }
-  const bool gemma = config.family == "gemma";
+  const FamilySpec& spec = FamilyFor(GetString(json, "model_type", "config"));
+  config.family = spec.model_type;
+  config.traits = spec.traits;
 
   config.vocab_size = RequireInt(json, "vocab_size");
   config.hidden_size = RequireInt(json, "hidden_size");
@@ -216,11 +208,11 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
                      ") must be a multiple of num_key_value_heads (" + std::to_string(config.num_key_value_heads) +
                      ")");
   }
-  // GemmaConfig defaults head_dim to 256; the others derive it from hidden_size.
+  // Some families default head_dim to a constant (Gemma's 256); the others derive it from hidden_size.
   if (Has(json, "head_dim")) {
     config.head_dim = GetInt(json, "head_dim", "config");
-  } else if (gemma) {
-    config.head_dim = 256;
+  } else if (spec.default_head_dim > 0) {
+    config.head_dim = spec.default_head_dim;
   } else {
     if (config.hidden_size % config.num_attention_heads != 0) {
       throw ModelError("config: hidden_size (" + std::to_string(config.hidden_size) +
@@ -234,42 +226,29 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   config.rms_norm_eps = DoubleOr(json, "rms_norm_eps", 1e-6, "config");
   if (!(config.rms_norm_eps >= 0)) throw ModelError("config: rms_norm_eps must be non-negative");
   config.initializer_range = DoubleOr(json, "initializer_range", 0.02, "config");
-  config.tie_word_embeddings = BoolOr(json, "tie_word_embeddings", gemma);
+  config.tie_word_embeddings = BoolOr(json, "tie_word_embeddings", spec.default_tie_word_embeddings);
 
-  const bool attention_bias = BoolOr(json, "attention_bias", false);
-  if (config.family == "qwen2") {
-    config.attention_bias = true;  // Qwen2 hard-codes q/k/v biases and no o_proj bias
-    config.attention_output_bias = false;
-  } else if (config.family == "llama" || gemma) {
-    config.attention_bias = attention_bias;
-    config.attention_output_bias = attention_bias;
-  }
-  if (config.family == "llama") config.mlp_bias = BoolOr(json, "mlp_bias", false);
-
-  // Gemma's activation is `hidden_activation`, falling back to the tanh GELU (as GemmaConfig does when
-  // it is null, even if an old config says hidden_act "gelu").
-  if (gemma) {
-    config.hidden_act = Has(json, "hidden_activation") ? GetString(json, "hidden_activation", "config")
-                                                       : std::string("gelu_pytorch_tanh");
-  } else {
-    config.hidden_act = Has(json, "hidden_act") ? GetString(json, "hidden_act", "config") : std::string("silu");
-  }
+  const char* activation = spec.activation_field.c_str();
+  config.hidden_act = Has(json, activation) ? GetString(json, activation, "config") : spec.default_activation;
   if (config.hidden_act == "gelu_tanh") config.hidden_act = "gelu_pytorch_tanh";
   if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh") {
     throw ModelError("config: unsupported activation '" + config.hidden_act + "' (supported: silu, gelu_pytorch_tanh)");
   }
 
-  ParseRope(json, config);
+  if (!spec.rope_per_layer_type) ParseRope(json, config);
+  config.sliding_window.assign(config.num_hidden_layers, 0);
+  SlidingWindowField(json);  // a present window must be positive, whether the family uses it or not
+  if (spec.read) spec.read(json, config);
   const int64_t rotary_dim = static_cast<int64_t>(config.head_dim * config.partial_rotary_factor);
   if (rotary_dim < 2 || rotary_dim % 2 != 0) {
     throw ModelError("config: the rotary dimension (head_dim * partial_rotary_factor = " + std::to_string(rotary_dim) +
                      ") must be a positive even number");
   }
-  ParseSlidingWindow(json, config);
   return config;
 }
 
 nlohmann::json ModelConfig::ToJson() const {
+  const FamilySpec& spec = FamilyFor(family);
   nlohmann::json json = raw.is_object() ? raw : nlohmann::json::object();
   json["model_type"] = family;
   json["vocab_size"] = vocab_size;
@@ -278,43 +257,33 @@ nlohmann::json ModelConfig::ToJson() const {
   json["num_hidden_layers"] = num_hidden_layers;
   json["num_attention_heads"] = num_attention_heads;
   json["num_key_value_heads"] = num_key_value_heads;
-  if (json.contains("head_dim") || family == "gemma" || head_dim * num_attention_heads != hidden_size) {
+  if (json.contains("head_dim") || spec.default_head_dim > 0 || head_dim * num_attention_heads != hidden_size) {
     json["head_dim"] = head_dim;
   }
   json["max_position_embeddings"] = max_position_embeddings;
   json["rms_norm_eps"] = rms_norm_eps;
   json["initializer_range"] = initializer_range;
   json["tie_word_embeddings"] = tie_word_embeddings;
-  if (family == "gemma") {
-    json["hidden_activation"] = hidden_act;
-  } else {
-    json["hidden_act"] = hidden_act;
-  }
-  if (family == "llama" || family == "gemma") json["attention_bias"] = attention_bias;
-  if (family == "llama") json["mlp_bias"] = mlp_bias;
+  json[spec.activation_field] = hidden_act;
 
-  nlohmann::json rope = nlohmann::json::object();
-  rope["rope_type"] = rope_scaling.type;
-  if (rope_scaling.type != "default") rope["factor"] = rope_scaling.factor;
-  if (rope_scaling.type == "llama3") {
-    rope["low_freq_factor"] = rope_scaling.low_freq_factor;
-    rope["high_freq_factor"] = rope_scaling.high_freq_factor;
-    rope["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
-  }
-  const bool v4_style = !json.contains("rope_parameters") && json.contains("rope_theta");
-  if (v4_style) {
-    json["rope_theta"] = rope_theta;
-    if (partial_rotary_factor != 1.0 || json.contains("partial_rotary_factor")) {
-      json["partial_rotary_factor"] = partial_rotary_factor;
+  if (!spec.rope_per_layer_type) {
+    nlohmann::json rope = RopeScalingJson(rope_scaling);
+    const bool v4_style = !json.contains("rope_parameters") && json.contains("rope_theta");
+    if (v4_style) {
+      json["rope_theta"] = rope_theta;
+      if (partial_rotary_factor != 1.0 || json.contains("partial_rotary_factor")) {
+        json["partial_rotary_factor"] = partial_rotary_factor;
+      }
+      json["rope_scaling"] = rope_scaling.type == "default" ? nlohmann::json() : rope;
+    } else {
+      rope["rope_theta"] = rope_theta;
+      if (partial_rotary_factor != 1.0) rope["partial_rotary_factor"] = partial_rotary_factor;
+      json["rope_parameters"] = rope;
+      json.erase("rope_scaling");
+      json.erase("rope_theta");
     }
-    json["rope_scaling"] = rope_scaling.type == "default" ? nlohmann::json() : rope;
-  } else {
-    rope["rope_theta"] = rope_theta;
-    if (partial_rotary_factor != 1.0 || family == "phi3") rope["partial_rotary_factor"] = partial_rotary_factor;
-    json["rope_parameters"] = rope;
-    json.erase("rope_scaling");
-    json.erase("rope_theta");
   }
+  if (spec.write) spec.write(*this, json);
   return json;
 }
 

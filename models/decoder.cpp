@@ -1,8 +1,9 @@
 // The decoder: embedding -> N x (RMSNorm, attention, residual, RMSNorm, gated MLP, residual) -> RMSNorm ->
-// lm_head, with each family's differences as parameters (Hugging Face's modeling_{llama,mistral,qwen2,
-// gemma,phi3}.py, eager attention). RMSNorm, RoPE, the gated activation and the lm_head + loss go through
-// the op table; the residual add is fused into the following norm when rms_norm is fused, and then the
-// norm output feeding the q/k/v and gate/up projections is recomputed in backward instead of kept.
+// lm_head, with each family's differences read from its ModelConfig (the traits and fields its spec in
+// models/families/ sets; Hugging Face's modeling_<family>.py, eager attention). RMSNorm, RoPE, the gated
+// activation and the lm_head + loss go through the op table; the residual add is fused into the following
+// norm when rms_norm is fused, and then the norm output feeding the q/k/v and gate/up projections is
+// recomputed in backward instead of kept.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -32,12 +33,17 @@ std::string ShapeString(torch::IntArrayRef shape) {
 
 std::string LayerPrefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
-bool IsNormWeight(const std::string& name) {
-  return name.find("layernorm.weight") != std::string::npos || name == "model.norm.weight";
-}
-
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Every RMSNorm weight: *_layernorm, q_norm / k_norm and the final model.norm.
+bool IsNormWeight(const std::string& name) { return EndsWith(name, "norm.weight"); }
+
+// The norm in front of the MLP: post_attention_layernorm in Llama's naming, pre_feedforward_layernorm when
+// post_attention_layernorm is the attention output's own norm (sandwich norms).
+const char* PreMlpNormName(const FamilyTraits& traits) {
+  return traits.sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
 }
 
 }  // namespace
@@ -55,15 +61,13 @@ DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions
   const auto& c = config_;
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  const bool phi3 = c.family == "phi3";
+  const FamilyTraits& t = c.traits;
   AddParameter("model.embed_tokens.weight", {c.vocab_size, h}, options);
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = LayerPrefix(layer);
-    if (phi3) {
+    if (t.fused_qkv) {
       AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
       AddParameter(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h}, options);
-      AddParameter(p + "mlp.gate_up_proj.weight", {2 * inter, h}, options);
-      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
     } else {
       const std::pair<const char*, int64_t> projections[] = {{"q_proj", q_dim}, {"k_proj", kv_dim}, {"v_proj", kv_dim}};
       for (const auto& [name, out] : projections) {
@@ -72,6 +76,15 @@ DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions
       }
       AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
       if (c.attention_output_bias) AddParameter(p + "self_attn.o_proj.bias", {h}, options);
+    }
+    if (t.qk_norm) {
+      AddParameter(p + "self_attn.q_norm.weight", {c.head_dim}, options);
+      AddParameter(p + "self_attn.k_norm.weight", {c.head_dim}, options);
+    }
+    if (t.fused_gate_up) {
+      AddParameter(p + "mlp.gate_up_proj.weight", {2 * inter, h}, options);
+      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
+    } else {
       for (const char* name : {"gate_proj", "up_proj"}) {
         AddParameter(p + "mlp." + name + ".weight", {inter, h}, options);
         if (c.mlp_bias) AddParameter(p + "mlp." + name + ".bias", {inter}, options);
@@ -81,10 +94,15 @@ DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions
     }
     AddParameter(p + "input_layernorm.weight", {h}, options);
     AddParameter(p + "post_attention_layernorm.weight", {h}, options);
+    if (t.sandwich_norms) {
+      AddParameter(p + "pre_feedforward_layernorm.weight", {h}, options);
+      AddParameter(p + "post_feedforward_layernorm.weight", {h}, options);
+    }
   }
   AddParameter("model.norm.weight", {h}, options);
   if (!c.tie_word_embeddings) AddParameter("lm_head.weight", {c.vocab_size, h}, options);
   inv_freq_ = RopeInverseFrequencies(config_);
+  if (c.local_rope_theta > 0) local_inv_freq_ = RopeInverseFrequencies(config_, /*sliding_layers=*/true);
 }
 
 void DecoderModel::AddParameter(const std::string& name, std::vector<int64_t> shape,
@@ -129,7 +147,7 @@ void DecoderModel::InitRandom(uint64_t seed, double initializer_range) {
   torch::NoGradGuard no_grad;
   constexpr int64_t kChunk = int64_t{1} << 20;
   const int64_t max_workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 32);
-  const double norm_identity = config_.family == "gemma" ? 0.0 : 1.0;  // Gemma scales by (1 + weight)
+  const double norm_identity = 1.0 - config_.traits.norm_offset;  // (offset + weight) starts at 1
   for (size_t index = 0; index < params_.size(); ++index) {
     auto& [name, tensor] = params_[index];
     if (IsNormWeight(name)) {
@@ -184,9 +202,9 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
   const bool fused_rope = ops_.Get("rope") == OpChoice::kFused;
   const bool geglu = c.hidden_act == "gelu_pytorch_tanh";
   const bool fused_mlp = ops_.Get(geglu ? "geglu" : "swiglu") == OpChoice::kFused;
-  const bool gemma = c.family == "gemma";
-  const double norm_offset = gemma ? 1.0 : 0.0;
-  const RMSNormCasting casting = gemma ? RMSNormCasting::kGemma : RMSNormCasting::kLlama;
+  const FamilyTraits& traits = c.traits;
+  const double norm_offset = traits.norm_offset;
+  const RMSNormCasting casting = traits.norm_casting;
   const double eps = c.rms_norm_eps;
 
   auto norm = [&](const torch::Tensor& x, const torch::Tensor& weight) {
@@ -239,17 +257,19 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
   const int64_t batch = ids.size(0), seq = ids.size(1);
   const int64_t hq = c.num_attention_heads, hk = c.num_key_value_heads, d = c.head_dim;
   torch::Tensor hidden = at::embedding(param("model.embed_tokens.weight"), ids);
-  if (gemma) {
+  if (traits.scale_embeddings) {
     // Gemma's normalizer is a tensor in the activation dtype: sqrt(hidden_size) rounded to it.
     hidden = hidden * torch::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
                                            torch::TensorOptions().dtype(hidden.scalar_type()).device(hidden.device()));
   }
-  torch::Tensor cos, sin;
-  std::tie(cos, sin) = RopeCosSin(inv_freq_, seq, dtype(), device());
-  const int64_t rotary_dim = cos.size(-1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor global_cos, global_sin, local_cos, local_sin;
+  std::tie(global_cos, global_sin) = RopeCosSin(inv_freq_, seq, dtype(), device());
+  if (local_inv_freq_.defined()) std::tie(local_cos, local_sin) = RopeCosSin(local_inv_freq_, seq, dtype(), device());
+  const int64_t rotary_dim = global_cos.size(-1);
+  const double scale = 1.0 / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(d));
 
-  auto rotate = [&](torch::Tensor q, torch::Tensor k) -> std::pair<torch::Tensor, torch::Tensor> {
+  auto rotate = [&](torch::Tensor q, torch::Tensor k, const torch::Tensor& cos,
+                    const torch::Tensor& sin) -> std::pair<torch::Tensor, torch::Tensor> {
     torch::Tensor q_pass, k_pass;
     if (rotary_dim < d) {  // partial rotary: only the first rotary_dim channels are rotated
       q_pass = q.narrow(-1, rotary_dim, d - rotary_dim);
@@ -272,7 +292,7 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
     // Attention.
     torch::Tensor q, k, v;
     const torch::Tensor& input_norm = param(p + "input_layernorm.weight");
-    if (c.family == "phi3") {
+    if (traits.fused_qkv) {
       auto [outs, stream] = norm_project(delta, residual, input_norm, {p + "self_attn.qkv_proj"}, false);
       residual = stream;
       const torch::Tensor& qkv = outs[0];
@@ -288,26 +308,35 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
       k = outs[1];
       v = outs[2];
     }
-    q = q.reshape({batch, seq, hq, d}).transpose(1, 2);
-    k = k.reshape({batch, seq, hk, d}).transpose(1, 2);
+    q = q.reshape({batch, seq, hq, d});
+    k = k.reshape({batch, seq, hk, d});
+    if (traits.qk_norm) {  // per head, over head_dim
+      q = norm(q, param(p + "self_attn.q_norm.weight"));
+      k = norm(k, param(p + "self_attn.k_norm.weight"));
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
     v = v.reshape({batch, seq, hk, d}).transpose(1, 2);
-    std::tie(q, k) = rotate(q, k);
-    torch::Tensor attn = CausalAttention(q, k, v, scale, c.sliding_window[layer]);
+    const int64_t window = c.sliding_window[layer];
+    const bool local_rope = window > 0 && local_cos.defined();
+    std::tie(q, k) = rotate(q, k, local_rope ? local_cos : global_cos, local_rope ? local_sin : global_sin);
+    torch::Tensor attn = CausalAttention(q, k, v, scale, window);
     attn = attn.transpose(1, 2).reshape({batch, seq, hq * d});
     attn = linear(attn, p + "self_attn.o_proj", c.attention_output_bias);
+    if (traits.sandwich_norms) attn = norm(attn, param(p + "post_attention_layernorm.weight"));
 
     // Gated MLP: down(act(gate(x)) * up(x)).
     torch::Tensor gate, up;
-    const torch::Tensor& post_norm = param(p + "post_attention_layernorm.weight");
-    if (c.family == "phi3") {
-      auto [outs, stream] = norm_project(attn, residual, post_norm, {p + "mlp.gate_up_proj"}, false);
+    const torch::Tensor& pre_mlp_norm = param(p + PreMlpNormName(traits));
+    if (traits.fused_gate_up) {
+      auto [outs, stream] = norm_project(attn, residual, pre_mlp_norm, {p + "mlp.gate_up_proj"}, false);
       residual = stream;
       const torch::Tensor& gate_up = outs[0];
       gate = gate_up.narrow(-1, 0, c.intermediate_size);
       up = gate_up.narrow(-1, c.intermediate_size, c.intermediate_size);
     } else {
       auto [outs, stream] =
-          norm_project(attn, residual, post_norm, {p + "mlp.gate_proj", p + "mlp.up_proj"}, c.mlp_bias);
+          norm_project(attn, residual, pre_mlp_norm, {p + "mlp.gate_proj", p + "mlp.up_proj"}, c.mlp_bias);
       residual = stream;
       gate = outs[0];
       up = outs[1];
@@ -322,6 +351,7 @@ torch::Tensor DecoderModel::HiddenStates(const torch::Tensor& input_ids) const {
       torch::Tensor act = geglu ? reference::geglu(gate, up) : reference::swiglu(gate, up);
       mlp = linear(act, p + "mlp.down_proj", c.mlp_bias);
     }
+    if (traits.sandwich_norms) mlp = norm(mlp, param(p + "post_feedforward_layernorm.weight"));
     delta = mlp;
   }
   if (!delta.defined()) return norm(residual, param("model.norm.weight"));

@@ -1,5 +1,8 @@
-// One configurable decoder covering Llama 2/3, Mistral, Qwen2, Gemma and Phi3, with Hugging Face parameter
-// names and shapes, loaded from a Hugging Face folder (config.json + safetensors) or randomly initialised.
+// One configurable decoder covering the families registered in models/families/ (Llama 2/3, Mistral, Qwen2,
+// Gemma, Phi3, ...), with Hugging Face parameter names and shapes, loaded from a Hugging Face folder
+// (config.json + safetensors) or randomly initialised. Each family's spec (models/families/<name>.cpp) says
+// how its config.json reads and what its decoder does differently (FamilyTraits); the decoder reads only
+// the parsed ModelConfig.
 //
 // Parameters are plain tensors in a name-ordered list (not torch::nn::Module) so the engine can move them
 // into flat buffers (each parameter becomes a view) and give each a gradient view.
@@ -32,8 +35,21 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;
 };
 
+// How a family's decoder differs from Llama's. Set by the family's spec, copied into each ModelConfig.
+struct FamilyTraits {
+  bool fused_qkv = false;       // one self_attn.qkv_proj holding [q; k; v] (Phi3)
+  bool fused_gate_up = false;   // one mlp.gate_up_proj holding [gate; up] (Phi3)
+  double norm_offset = 0.0;     // RMSNorm multiplies by (norm_offset + weight): 1 for Gemma's (1 + w)
+  RMSNormCasting norm_casting = RMSNormCasting::kLlama;
+  bool scale_embeddings = false;  // embeddings times sqrt(hidden_size), rounded to the activation dtype
+  bool qk_norm = false;         // self_attn.q_norm / k_norm: RMSNorm over head_dim on q and k before RoPE
+  bool sandwich_norms = false;  // four norms per layer: post_attention_layernorm on the attention output,
+                                // pre_feedforward_layernorm before the MLP, post_feedforward_layernorm after
+};
+
 struct ModelConfig {
-  std::string family;  // model_type: llama | mistral | qwen2 | gemma | phi3
+  std::string family;  // model_type, one of SupportedFamilies()
+  FamilyTraits traits;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -43,12 +59,15 @@ struct ModelConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;
+  double rope_theta = 10000.0;  // RoPE of every layer, or of the full-attention ones when local_rope_theta > 0
   RopeScaling rope_scaling;
+  double local_rope_theta = 0;  // > 0: the sliding-window layers' own RoPE base (Gemma 3), with local_rope_scaling
+  RopeScaling local_rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;          // q/k/v biases (Qwen2 always; Llama's attention_bias)
   bool attention_output_bias = false;   // o_proj bias (Llama's and Gemma's attention_bias; not Qwen2)
   bool mlp_bias = false;                // gate/up/down biases (Llama's mlp_bias)
+  double query_pre_attn_scalar = 0;     // attention scale 1/sqrt(this) (Gemma 3); 0: 1/sqrt(head_dim)
   std::string hidden_act = "silu";      // "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
   double partial_rotary_factor = 1.0;   // fraction of head_dim that RoPE rotates (Phi3)
   std::vector<int64_t> sliding_window;  // per layer: attention window in tokens, 0 = full causal
@@ -135,7 +154,8 @@ class DecoderModel {
   OpTable ops_;
   std::vector<NamedParameter> params_;
   std::map<std::string, size_t> index_;
-  torch::Tensor inv_freq_;  // RoPE inverse frequencies [rotary_dim / 2], fp32 on the CPU
+  torch::Tensor inv_freq_;        // RoPE inverse frequencies [rotary_dim / 2], fp32 on the CPU
+  torch::Tensor local_inv_freq_;  // the sliding-window layers' own (undefined unless local_rope_theta > 0)
 };
 
 // Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from a local
@@ -150,6 +170,7 @@ std::unique_ptr<DecoderModel> CreateRandom(const nlohmann::json& config, const O
 // Writes config.json and model.safetensors of `model` (in its current dtype) into `folder`.
 void SavePretrained(const DecoderModel& model, const std::string& folder);
 
+// The model_types of the registered families (models/families/), sorted.
 std::vector<std::string> SupportedFamilies();
 
 }  // namespace tigon::models

@@ -4,12 +4,13 @@
 
 namespace tigon::models {
 
-torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config, bool sliding_layers) {
   const int64_t dim = static_cast<int64_t>(config.head_dim * config.partial_rotary_factor);
+  const double theta = sliding_layers ? config.local_rope_theta : config.rope_theta;
+  const RopeScaling& scaling = sliding_layers ? config.local_rope_scaling : config.rope_scaling;
   // transformers: 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
   const torch::Tensor exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / dim;
-  torch::Tensor inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
-  const RopeScaling& scaling = config.rope_scaling;
+  torch::Tensor inv_freq = 1.0 / torch::pow(theta, exponents);
   if (scaling.type == "linear") {
     inv_freq = inv_freq / scaling.factor;
   } else if (scaling.type == "llama3") {

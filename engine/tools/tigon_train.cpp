@@ -40,11 +40,14 @@ struct Args {
 
 [[noreturn]] void Usage(const char* error) {
   if (error) std::fprintf(stderr, "tigon-train: %s\n\n", error);
+  std::string families;
+  for (const auto& family : tigon::SupportedModelFamilies()) families += (families.empty() ? "" : "|") + family;
   std::fprintf(stderr,
-               "usage: tigon-train [--text FILE] [--family llama|mistral|qwen2|gemma|phi3] [--steps N]\n"
+               "usage: tigon-train [--text FILE] [--family %s] [--steps N]\n"
                "                   [--batch B] [--seq T] [--lr LR] [--precision fp32|bf16|bf16_mixed]\n"
                "                   [--kernels fused|reference] [--seed S] [--hidden H] [--layers L]\n"
-               "                   [--save DIR] [--cpu]\n");
+               "                   [--save DIR] [--cpu]\n",
+               families.c_str());
   std::exit(error ? 2 : 0);
 }
 
@@ -94,6 +97,8 @@ std::string GeneratedText(size_t min_bytes) {
   return text;
 }
 
+// Sizes only, with head_dim explicit (some families default it to a constant, Gemma's 256): everything
+// else (tied embeddings, activation, ...) is the family's default.
 std::string ConfigJson(const Args& a) {
   const int heads = std::max(1, a.hidden / 32);
   const int kv = std::max(1, heads / 2);
@@ -101,11 +106,8 @@ std::string ConfigJson(const Args& a) {
   c << "{\"model_type\": \"" << a.family << "\", \"vocab_size\": 256, \"hidden_size\": " << a.hidden
     << ", \"intermediate_size\": " << 2 * a.hidden << ", \"num_hidden_layers\": " << a.layers
     << ", \"num_attention_heads\": " << heads << ", \"num_key_value_heads\": " << kv
-    << ", \"max_position_embeddings\": " << std::max(a.seq, 128) << ", \"rms_norm_eps\": 1e-5"
-    << ", \"rope_theta\": 10000.0, \"initializer_range\": 0.02, \"tie_word_embeddings\": "
-    << (a.family == "gemma" ? "true" : "false");
-  if (a.family == "gemma") c << ", \"head_dim\": 32, \"hidden_activation\": \"gelu_pytorch_tanh\"";
-  c << "}";
+    << ", \"head_dim\": " << a.hidden / heads << ", \"max_position_embeddings\": " << std::max(a.seq, 128)
+    << ", \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"initializer_range\": 0.02}";
   return c.str();
 }
 

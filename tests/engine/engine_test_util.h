@@ -9,16 +9,18 @@
 
 namespace tigon::testing {
 
-// A tiny byte-level config of `family` (vocab 256 unless given).
+// A tiny byte-level config of `family` (vocab 256 unless given). head_dim is explicit, since some
+// families default it to a constant (Gemma's 256); everything else takes the family's defaults.
 inline std::string TinyConfig(const std::string& family = "llama", int hidden = 32, int layers = 2,
                               int vocab = 256) {
   std::string c = "{\"model_type\": \"" + family + "\", \"vocab_size\": " + std::to_string(vocab) +
                   ", \"hidden_size\": " + std::to_string(hidden) +
                   ", \"intermediate_size\": " + std::to_string(2 * hidden) +
                   ", \"num_hidden_layers\": " + std::to_string(layers) +
-                  ", \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256"
-                  ", \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"initializer_range\": 0.05";
-  if (family == "gemma") c += ", \"head_dim\": " + std::to_string(hidden / 4) + ", \"hidden_activation\": \"gelu_pytorch_tanh\", \"tie_word_embeddings\": true";
+                  ", \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": " +
+                  std::to_string(hidden / 4) +
+                  ", \"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0"
+                  ", \"initializer_range\": 0.05";
   return c + "}";
 }
 

@@ -331,7 +331,7 @@ TEST(Training, LossWeightsScaleTokens) {
 }
 
 TEST(Training, FusedAndReferenceKernelsAgree) {
-  for (const char* family : {"llama", "gemma", "phi3", "qwen2", "mistral"}) {
+  for (const std::string& family : SupportedModelFamilies()) {
     auto fused = MakeSession(TinyOptions("fp32", "fused", family));
     auto reference = MakeSession(TinyOptions("fp32", "reference", family));
     ASSERT_TRUE(fused && reference) << family;

@@ -18,8 +18,9 @@
 
 namespace tigon::models::testing {
 
+// Every registered family (models/families/); each has a Hugging Face fixture under tests/fixtures/<name>.
 inline const std::vector<std::string>& Families() {
-  static const std::vector<std::string> kFamilies = {"llama", "mistral", "qwen2", "gemma", "phi3"};
+  static const std::vector<std::string> kFamilies = SupportedFamilies();
   return kFamilies;
 }
 

@@ -26,14 +26,13 @@ import tigon
 
 
 def default_config(args):
-    config = dict(model_type=args.family, vocab_size=256, hidden_size=args.hidden,
-                  intermediate_size=args.intermediate or 2 * args.hidden, num_hidden_layers=args.layers,
-                  num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
-                  max_position_embeddings=max(args.seq_len, 128), rms_norm_eps=1e-6,
-                  tie_word_embeddings=args.family == "gemma")
-    if args.family == "gemma":
-        config.update(head_dim=args.hidden // args.heads, hidden_activation="gelu_pytorch_tanh")
-    return config
+    # Sizes only, head_dim explicit (some families default it to a constant, Gemma's 256); tied embeddings,
+    # activation and the rest are the family's defaults.
+    return dict(model_type=args.family, vocab_size=256, hidden_size=args.hidden,
+                intermediate_size=args.intermediate or 2 * args.hidden, num_hidden_layers=args.layers,
+                num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
+                head_dim=args.hidden // args.heads, max_position_embeddings=max(args.seq_len, 128),
+                rms_norm_eps=1e-6)
 
 
 def generated_text(min_bytes=200000, seed=1234):

@@ -182,7 +182,7 @@ struct OpSelection {
 };
 
 struct SessionInfo {
-  std::string model_family;  // "llama", "mistral", "qwen2", "gemma", "phi3"
+  std::string model_family;  // config.json's model_type, one of SupportedModelFamilies()
   std::string precision;
   int64_t parameter_count = 0;
   int64_t vocab_size = 0;
@@ -248,7 +248,7 @@ class Session {
 Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session);
 
 std::vector<DeviceInfo> ListDevices();
-std::vector<std::string> SupportedModelFamilies();
+std::vector<std::string> SupportedModelFamilies();  // the model_types the engine can build, sorted
 std::string EngineVersion();
 
 // The engine logs through this sink (the server connects it to spdlog). Default: stderr.
