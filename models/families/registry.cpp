@@ -11,10 +11,12 @@ FamilySpec LlamaFamily();
 FamilySpec MistralFamily();
 FamilySpec Phi3Family();
 FamilySpec Qwen2Family();
+FamilySpec Qwen3Family();
 
 const std::vector<FamilySpec>& RegisteredFamilies() {
   static const std::vector<FamilySpec> kFamilies = [] {
-    std::vector<FamilySpec> families = {GemmaFamily(), LlamaFamily(), MistralFamily(), Phi3Family(), Qwen2Family()};
+    std::vector<FamilySpec> families = {GemmaFamily(), LlamaFamily(), MistralFamily(),
+                                        Phi3Family(),  Qwen2Family(), Qwen3Family()};
     std::sort(families.begin(), families.end(),
               [](const FamilySpec& a, const FamilySpec& b) { return a.model_type < b.model_type; });
     return families;

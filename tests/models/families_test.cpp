@@ -72,5 +72,50 @@ TEST(Registry, ParameterNamesFollowTheTraits) {
   }
 }
 
+// --- Qwen3 ------------------------------------------------------------------------------------------
+
+// Qwen3Config: head_dim 128 unless given, no biases unless attention_bias (then on q/k/v and o_proj),
+// sliding windows as Qwen2.
+TEST(Qwen3, ConfigDefaultsBiasesAndSlidingWindow) {
+  nlohmann::json json = testing::ReadConfig("qwen3");
+  const ModelConfig config = ModelConfig::FromJson(json);
+  EXPECT_TRUE(config.traits.qk_norm);
+  EXPECT_EQ(config.head_dim, 8);
+  EXPECT_FALSE(config.attention_bias);
+  EXPECT_FALSE(config.attention_output_bias);
+  EXPECT_EQ(config.sliding_window, (std::vector<int64_t>{0, 0}));
+  json.erase("head_dim");
+  EXPECT_EQ(ModelConfig::FromJson(json).head_dim, 128);
+  json["head_dim"] = 8;
+  json["attention_bias"] = true;
+  json["use_sliding_window"] = true;
+  json["sliding_window"] = 4;
+  json["layer_types"] = {"full_attention", "sliding_attention"};
+  const ModelConfig biased = ModelConfig::FromJson(json);
+  EXPECT_TRUE(biased.attention_bias);
+  EXPECT_TRUE(biased.attention_output_bias);
+  EXPECT_EQ(biased.sliding_window, (std::vector<int64_t>{0, 4}));
+  DecoderModel model(biased, OpTable::AllReference(biased));
+  std::set<std::string> names;
+  for (const auto& p : model.parameters()) names.insert(p.name);
+  for (const char* name : {"q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias", "q_norm.weight"}) {
+    EXPECT_EQ(names.count(std::string("model.layers.1.self_attn.") + name), 1u) << name;
+  }
+  EXPECT_EQ(model.parameter("model.layers.0.self_attn.k_norm.weight").sizes().vec(), std::vector<int64_t>{8});
+}
+
+// The q/k norms reach the logits: with them set to the identity the fixture's logits no longer match, so
+// the parity test would fail without them.
+TEST(Qwen3, FixtureDependsOnTheQkNorms) {
+  auto model = LoadPretrained(FixtureDir("qwen3"), nullptr, torch::kFloat32, torch::kCPU);
+  const auto expected = ReadSafetensors(FixtureDir("qwen3") + "/expected.safetensors");
+  torch::NoGradGuard no_grad;
+  EXPECT_LT(testing::RelativeError(model->Logits(expected.at("input_ids")), expected.at("logits")), 1e-4);
+  for (auto& p : model->parameters()) {
+    if (p.name.find("q_norm") != std::string::npos || p.name.find("k_norm") != std::string::npos) p.tensor.fill_(1.0);
+  }
+  EXPECT_GT(testing::RelativeError(model->Logits(expected.at("input_ids")), expected.at("logits")), 1e-3);
+}
+
 }  // namespace
 }  // namespace tigon::models
