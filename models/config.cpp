@@ -166,6 +166,9 @@ void ParseRope(const nlohmann::json& json, ModelConfig& config) {
     params = json.at("rope_scaling");
     where = "config.rope_scaling";
   }
+  if (params.is_object() && (params.contains("full_attention") || params.contains("sliding_attention"))) {
+    throw ModelError(where + ": a RoPE per layer type is not supported by model_type '" + config.family + "'");
+  }
   ReadRope(params, where, DoubleOr(json, "rope_theta", 10000.0, "config"), config.rope_theta, config.rope_scaling);
   config.partial_rotary_factor = Has(params, "partial_rotary_factor")
                                      ? GetDouble(params, "partial_rotary_factor", where)

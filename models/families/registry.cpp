@@ -7,6 +7,7 @@
 namespace tigon::models {
 
 FamilySpec GemmaFamily();
+FamilySpec Gemma3TextFamily();
 FamilySpec LlamaFamily();
 FamilySpec MistralFamily();
 FamilySpec Phi3Family();
@@ -15,8 +16,8 @@ FamilySpec Qwen3Family();
 
 const std::vector<FamilySpec>& RegisteredFamilies() {
   static const std::vector<FamilySpec> kFamilies = [] {
-    std::vector<FamilySpec> families = {GemmaFamily(), LlamaFamily(), MistralFamily(),
-                                        Phi3Family(),  Qwen2Family(), Qwen3Family()};
+    std::vector<FamilySpec> families = {GemmaFamily(), Gemma3TextFamily(), LlamaFamily(), MistralFamily(),
+                                        Phi3Family(),  Qwen2Family(),      Qwen3Family()};
     std::sort(families.begin(), families.end(),
               [](const FamilySpec& a, const FamilySpec& b) { return a.model_type < b.model_type; });
     return families;

@@ -5,12 +5,14 @@
 #include <set>
 
 #include "models/families/family.h"
+#include "models/rotary.h"
 #include "tests/models/model_test_util.h"
 
 namespace tigon::models {
 namespace {
 
 using testing::FixtureDir;
+using testing::ModelErrorMessage;
 
 TEST(Registry, FamiliesAreSortedUniqueAndEachHasAFixture) {
   const auto families = SupportedFamilies();
@@ -115,6 +117,132 @@ TEST(Qwen3, FixtureDependsOnTheQkNorms) {
     if (p.name.find("q_norm") != std::string::npos || p.name.find("k_norm") != std::string::npos) p.tensor.fill_(1.0);
   }
   EXPECT_GT(testing::RelativeError(model->Logits(expected.at("input_ids")), expected.at("logits")), 1e-3);
+}
+
+// --- Gemma 3 ----------------------------------------------------------------------------------------
+
+// The fixture's config (transformers 5): layer types, the RoPE of each, the attention scale, the norms.
+TEST(Gemma3, ConfigReadsLayerTypesRopePerLayerTypeAndScale) {
+  const ModelConfig config = ModelConfig::FromJson(testing::ReadConfig("gemma3_text"));
+  EXPECT_EQ(config.sliding_window, (std::vector<int64_t>{6, 0, 6}));
+  EXPECT_EQ(config.rope_theta, 1000000.0);
+  EXPECT_EQ(config.rope_scaling.type, "linear");
+  EXPECT_EQ(config.rope_scaling.factor, 2.0);
+  EXPECT_EQ(config.local_rope_theta, 10000.0);
+  EXPECT_EQ(config.local_rope_scaling.type, "default");
+  EXPECT_EQ(config.query_pre_attn_scalar, 16.0);
+  EXPECT_TRUE(config.traits.qk_norm && config.traits.sandwich_norms && config.traits.scale_embeddings);
+  EXPECT_EQ(config.traits.norm_offset, 1.0);
+  EXPECT_TRUE(config.tie_word_embeddings);
+  EXPECT_EQ(config.hidden_act, "gelu_pytorch_tanh");
+}
+
+// Without layer_types, sliding_window_pattern (default 6) makes every pattern-th layer full attention;
+// sliding_window defaults to 4096.
+TEST(Gemma3, SlidingWindowPatternAndDefaults) {
+  nlohmann::json json = testing::ReadConfig("gemma3_text");
+  json.erase("layer_types");
+  json.erase("_sliding_window_pattern");
+  json["sliding_window_pattern"] = 2;
+  EXPECT_EQ(ModelConfig::FromJson(json).sliding_window, (std::vector<int64_t>{6, 0, 6}));
+  json.erase("sliding_window_pattern");
+  json.erase("sliding_window");
+  json["num_hidden_layers"] = 7;
+  EXPECT_EQ(ModelConfig::FromJson(json).sliding_window,
+            (std::vector<int64_t>{4096, 4096, 4096, 4096, 4096, 0, 4096}));
+  json["sliding_window_pattern"] = 0;
+  EXPECT_NE(ModelErrorMessage([&] { ModelConfig::FromJson(json); }).find("sliding_window_pattern"), std::string::npos);
+}
+
+// transformers 4.x writes rope_theta + rope_scaling (full attention) and rope_local_base_freq (sliding):
+// the same frequencies as 5.x's nested rope_parameters, and each layout is written back as it came.
+TEST(Gemma3, TransformersFourAndFiveRopeLayoutsAgree) {
+  const nlohmann::json v5 = testing::ReadConfig("gemma3_text");
+  nlohmann::json v4 = v5;
+  v4.erase("rope_parameters");
+  v4["rope_theta"] = 1000000.0;
+  v4["rope_local_base_freq"] = 10000.0;
+  v4["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  const ModelConfig a = ModelConfig::FromJson(v5), b = ModelConfig::FromJson(v4);
+  for (const bool sliding : {false, true}) {
+    EXPECT_TRUE(torch::equal(RopeInverseFrequencies(a, sliding), RopeInverseFrequencies(b, sliding))) << sliding;
+  }
+  EXPECT_FALSE(torch::equal(RopeInverseFrequencies(a, false), RopeInverseFrequencies(a, true)));
+  const nlohmann::json written_v4 = b.ToJson(), written_v5 = a.ToJson();
+  EXPECT_FALSE(written_v4.contains("rope_parameters"));
+  EXPECT_EQ(written_v4.at("rope_local_base_freq"), 10000.0);
+  EXPECT_EQ(written_v5.at("rope_parameters").at("sliding_attention").at("rope_theta"), 10000.0);
+  EXPECT_EQ(written_v5.at("rope_parameters").at("full_attention").at("rope_type"), "linear");
+  EXPECT_TRUE(written_v5.at("query_pre_attn_scalar").is_number_integer());
+  for (const auto& written : {written_v4, written_v5}) {
+    const ModelConfig again = ModelConfig::FromJson(written);
+    EXPECT_EQ(again.local_rope_theta, 10000.0);
+    EXPECT_EQ(again.rope_scaling.factor, 2.0);
+    EXPECT_EQ(again.sliding_window, a.sliding_window);
+    EXPECT_EQ(again.query_pre_attn_scalar, 16.0);
+  }
+  // Defaults: 1e6 for full attention, 1e4 for the sliding layers.
+  v4.erase("rope_theta");
+  v4.erase("rope_local_base_freq");
+  const ModelConfig defaults = ModelConfig::FromJson(v4);
+  EXPECT_EQ(defaults.rope_theta, 1000000.0);
+  EXPECT_EQ(defaults.local_rope_theta, 10000.0);
+}
+
+// What the decoder cannot do is refused, naming the field.
+TEST(Gemma3, UnsupportedFieldsAreRefused) {
+  const nlohmann::json base = testing::ReadConfig("gemma3_text");
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"final_logit_softcapping", 30.0}}, "final_logit_softcapping"},
+      {{{"attn_logit_softcapping", 50.0}}, "attn_logit_softcapping"},
+      {{{"use_bidirectional_attention", true}}, "use_bidirectional_attention"},
+      {{{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}, "one entry per layer type"},
+      {{{"rope_parameters", {{"global", {{"rope_theta", 1.0}}}}}}, "unknown layer type 'global'"},
+      {{{"query_pre_attn_scalar", 0}}, "query_pre_attn_scalar"},
+  };
+  for (const auto& [patch, expected] : cases) {
+    nlohmann::json json = base;
+    json.update(patch);
+    const std::string message = ModelErrorMessage([&] { ModelConfig::FromJson(json); });
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  }
+  // Other families refuse a RoPE nested per layer type instead of misreading it.
+  nlohmann::json llama = testing::ReadConfig("llama");
+  llama["rope_parameters"] = base.at("rope_parameters");
+  EXPECT_NE(ModelErrorMessage([&] { ModelConfig::FromJson(llama); }).find("per layer type"), std::string::npos);
+}
+
+// Every Gemma 3 feature reaches the fixture's logits: changing any one of them moves the logits well past
+// the parity tolerance, so the parity test fails without it.
+TEST(Gemma3, FixtureDependsOnEachFeature) {
+  const auto expected = ReadSafetensors(FixtureDir("gemma3_text") + "/expected.safetensors");
+  const auto weights = ReadSafetensors(FixtureDir("gemma3_text") + "/model.safetensors");
+  const auto error = [&](const nlohmann::json& json) {
+    const ModelConfig config = ModelConfig::FromJson(json);
+    DecoderModel model(config, OpTable::AllReference(config));
+    model.LoadStateDict(weights);
+    torch::NoGradGuard no_grad;
+    return testing::RelativeError(model.Logits(expected.at("input_ids")), expected.at("logits"));
+  };
+  const nlohmann::json base = testing::ReadConfig("gemma3_text");
+  EXPECT_LT(error(base), 1e-4);
+  std::vector<std::pair<std::string, nlohmann::json>> variants;
+  nlohmann::json json = base;
+  json["rope_parameters"]["sliding_attention"]["rope_theta"] = 1000000.0;
+  variants.emplace_back("sliding layers' rope base", json);
+  json = base;
+  json["rope_parameters"]["full_attention"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  variants.emplace_back("full layers' rope scaling", json);
+  json = base;
+  json["sliding_window"] = 64;
+  variants.emplace_back("sliding window", json);
+  json = base;
+  json["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention"};
+  variants.emplace_back("layer types", json);
+  json = base;
+  json["query_pre_attn_scalar"] = 8;
+  variants.emplace_back("query_pre_attn_scalar", json);
+  for (const auto& [what, variant] : variants) EXPECT_GT(error(variant), 1e-3) << what;
 }
 
 }  // namespace
