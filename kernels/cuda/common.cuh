@@ -126,6 +126,19 @@ inline int current_device_sm_count() {
   return counts[device];
 }
 
+// Blocks for a kernel whose blocks stride over `rows` rows: blocks_per_sm per SM, but no more than one per
+// row (and at least one).
+inline int64_t num_row_blocks(int64_t rows, int blocks_per_sm) {
+  const int64_t blocks = static_cast<int64_t>(current_device_sm_count()) * blocks_per_sm;
+  return rows < blocks ? (rows > 0 ? rows : 1) : blocks;
+}
+
+// Whether rows of `elem_size`-byte elements at p (null: absent, always fine), `row_stride` elements apart,
+// can be read in packs of `vec` elements.
+inline bool rows_aligned(const void* p, int64_t row_stride, int vec, int elem_size) {
+  return p == nullptr || (is_aligned(p, vec * elem_size < 16 ? vec * elem_size : 16) && row_stride % vec == 0);
+}
+
 }  // namespace tigon::cuda
 
 // ---- Runtime dtype -> template type (one switch per launcher) ------------------------------------------

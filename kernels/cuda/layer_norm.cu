@@ -190,10 +190,6 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_backward_kernel(const 
   }
 }
 
-bool rows_aligned(const void* p, int64_t row_stride, int vec, int elem_size) {
-  return p == nullptr || (is_aligned(p, vec * elem_size < 16 ? vec * elem_size : 16) && row_stride % vec == 0);
-}
-
 template <typename T, typename W>
 cudaError_t launch_forward(const LayerNormForwardParams& p, cudaStream_t stream) {
   constexpr int kVec = kElemsPer16Bytes<T>;
@@ -234,10 +230,7 @@ cudaError_t launch_backward(const LayerNormBackwardParams& p, cudaStream_t strea
 
 }  // namespace
 
-int64_t layer_norm_backward_num_partials(int64_t rows) {
-  const int64_t blocks = static_cast<int64_t>(current_device_sm_count()) * kBackwardBlocksPerSm;
-  return rows < blocks ? (rows > 0 ? rows : 1) : blocks;
-}
+int64_t layer_norm_backward_num_partials(int64_t rows) { return num_row_blocks(rows, kBackwardBlocksPerSm); }
 
 LaunchStatus layer_norm_forward(const LayerNormForwardParams& p, void* stream_ptr) {
   if (p.rows == 0 || p.hidden == 0) return cudaSuccess;

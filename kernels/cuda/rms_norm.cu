@@ -232,10 +232,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) rms_norm_backward_ker
   }
 }
 
-bool rows_aligned(const void* p, int64_t row_stride, int vec, int elem_size) {
-  return p == nullptr || (is_aligned(p, vec * elem_size < 16 ? vec * elem_size : 16) && row_stride % vec == 0);
-}
-
 template <typename T, typename W, typename O>
 cudaError_t launch_forward(const RMSNormForwardParams& p, cudaStream_t stream) {
   constexpr int kVec = kElemsPer16Bytes<T>;
@@ -308,10 +304,7 @@ bool valid_types(DType x, DType weight, DType out) {
 
 }  // namespace
 
-int64_t rms_norm_backward_num_partials(int64_t rows) {
-  const int64_t blocks = static_cast<int64_t>(current_device_sm_count()) * kBackwardBlocksPerSm;
-  return rows < blocks ? (rows > 0 ? rows : 1) : blocks;
-}
+int64_t rms_norm_backward_num_partials(int64_t rows) { return num_row_blocks(rows, kBackwardBlocksPerSm); }
 
 LaunchStatus rms_norm_forward(const RMSNormForwardParams& p, void* stream_ptr) {
   if (p.rows == 0 || p.hidden == 0) return cudaSuccess;

@@ -16,9 +16,11 @@
 #include <cstdint>
 
 #include "kernels/cuda/dtype.h"
-#include "kernels/ops/common.h"
 
 namespace tigon::cuda {
+
+// Where the norm rounds (the formulas above); the ops map tigon::RMSNormCasting onto it.
+enum class RMSNormCasting : int32_t { kLlama = 0, kGemma = 1, kNone = 2 };
 
 struct RMSNormForwardParams {
   const void* x = nullptr;         // [rows, hidden]

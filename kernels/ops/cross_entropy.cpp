@@ -101,11 +101,23 @@ torch::ScalarType LossDType(const torch::Tensor& logits) {
 
 torch::Tensor CountValid(const torch::Tensor& target, int64_t ignore_index) { return target.ne(ignore_index).sum(); }
 
-Reduction ParseReduction(const std::string& name) {
-  if (name == "mean") return Reduction::kMean;
-  if (name == "sum") return Reduction::kSum;
-  if (name == "none") return Reduction::kNone;
-  TORCH_CHECK(false, "reduction must be \"mean\", \"sum\" or \"none\", got \"", name, "\"");
+CrossEntropyOptions OptionsFromSchema(int64_t ignore_index, const std::string& reduction, double label_smoothing,
+                                      double z_loss_scale, double softcap) {
+  CrossEntropyOptions options;
+  options.ignore_index = ignore_index;
+  if (reduction == "mean") {
+    options.reduction = Reduction::kMean;
+  } else if (reduction == "sum") {
+    options.reduction = Reduction::kSum;
+  } else if (reduction == "none") {
+    options.reduction = Reduction::kNone;
+  } else {
+    TORCH_CHECK(false, "reduction must be \"mean\", \"sum\" or \"none\", got \"", reduction, "\"");
+  }
+  options.label_smoothing = label_smoothing;
+  options.z_loss_scale = z_loss_scale;
+  options.softcap = softcap;
+  return options;
 }
 
 torch::Tensor ReduceLoss(const torch::Tensor& loss_rows, const torch::Tensor& n_valid, Reduction reduction) {
@@ -231,12 +243,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 torch::Tensor CrossEntropyOp(const torch::Tensor& logits, const torch::Tensor& target,
                              const c10::optional<torch::Tensor>& token_weights, int64_t ignore_index,
                              c10::string_view reduction, double label_smoothing, double z_loss_scale, double softcap) {
-  CrossEntropyOptions options;
-  options.ignore_index = ignore_index;
-  options.reduction = detail::ParseReduction(std::string(reduction.data(), reduction.size()));
-  options.label_smoothing = label_smoothing;
-  options.z_loss_scale = z_loss_scale;
-  options.softcap = softcap;
+  const auto options = detail::OptionsFromSchema(ignore_index, std::string(reduction.data(), reduction.size()),
+                                                 label_smoothing, z_loss_scale, softcap);
   return cross_entropy(logits, target, options, token_weights.has_value() ? *token_weights : torch::Tensor());
 }
 

@@ -25,8 +25,9 @@ torch::ScalarType LossDType(const torch::Tensor& logits);
 // The reduction of the per-row losses: kMean divides by max(n_valid, 1).
 torch::Tensor ReduceLoss(const torch::Tensor& loss_rows, const torch::Tensor& n_valid, Reduction reduction);
 
-// "mean" / "sum" / "none", for the torch.ops schemas.
-Reduction ParseReduction(const std::string& name);
+// The options from the torch.ops schemas' arguments; reduction: "mean" / "sum" / "none".
+CrossEntropyOptions OptionsFromSchema(int64_t ignore_index, const std::string& reduction, double label_smoothing,
+                                      double z_loss_scale, double softcap);
 
 // Count of targets that are not ignore_index, as a 0-dim int64 tensor on target's device (no host sync).
 torch::Tensor CountValid(const torch::Tensor& target, int64_t ignore_index);

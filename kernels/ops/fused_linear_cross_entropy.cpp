@@ -218,12 +218,8 @@ torch::Tensor FusedLinearCrossEntropyOp(const torch::Tensor& hidden, const torch
                                         const c10::optional<torch::Tensor>& token_weights, int64_t ignore_index,
                                         c10::string_view reduction, double label_smoothing, double z_loss_scale,
                                         double softcap, int64_t chunk_size) {
-  CrossEntropyOptions options;
-  options.ignore_index = ignore_index;
-  options.reduction = detail::ParseReduction(std::string(reduction.data(), reduction.size()));
-  options.label_smoothing = label_smoothing;
-  options.z_loss_scale = z_loss_scale;
-  options.softcap = softcap;
+  const auto options = detail::OptionsFromSchema(ignore_index, std::string(reduction.data(), reduction.size()),
+                                                 label_smoothing, z_loss_scale, softcap);
   return fused_linear_cross_entropy_chunked(hidden, weight, bias.has_value() ? *bias : torch::Tensor(), target, options,
                                             token_weights.has_value() ? *token_weights : torch::Tensor(), chunk_size);
 }

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/op_helpers.h"
 #include "kernels/ops/ops.h"
 
 namespace tigon::ops {
@@ -23,15 +24,6 @@ using torch::autograd::tensor_list;
 
 // Rows per CPU task; also the rows summed into one partial of dweight/dbias (fixed, hence deterministic).
 constexpr int64_t kCpuRowBlock = 64;
-
-torch::ScalarType AccumulateType(torch::ScalarType t) {
-  return t == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
-torch::Tensor AsRows(const torch::Tensor& t, int64_t hidden) {
-  auto rows = t.reshape({-1, hidden});
-  return rows.stride(1) == 1 ? rows : rows.contiguous();
-}
 
 void CheckInputs(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() >= 1, "tigon::layer_norm: x needs at least one dim");

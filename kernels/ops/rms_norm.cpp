@@ -1,4 +1,5 @@
-// RMSNorm and residual-add + RMSNorm as autograd functions (RMSNormFunction, AddRMSNormFunction).
+// RMSNorm and residual-add + RMSNorm as autograd functions (RMSNormFunction, AddRMSNormFunction), and the
+// passes without autograd that they and rms_norm_linears.cpp share (rms_norm.h).
 // CUDA tensors go to kernels/cuda/rms_norm.cu; CPU tensors run the same fused math here, over blocks of
 // rows with ATen ops in fp32 (float64 for float64 inputs).
 // Saved: the normalised input (x, or residual_out = x + residual), the weight and the per-row rstd.
@@ -13,43 +14,38 @@
 #include <torch/torch.h>
 
 #include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/op_helpers.h"
 #include "kernels/ops/ops.h"
+#include "kernels/ops/rms_norm.h"
 
 namespace tigon::ops {
-namespace {
+namespace detail {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
-
-// Rows per CPU task; also the rows summed into one partial of dweight (fixed, hence deterministic).
-constexpr int64_t kCpuRowBlock = 64;
-
-torch::ScalarType AccumulateType(torch::ScalarType t) {
-  return t == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
-RMSNormCasting ToCasting(int64_t casting) {
+RMSNormCasting ToRMSNormCasting(int64_t casting) {
   TORCH_CHECK(casting >= 0 && casting <= 2, "tigon::rms_norm: casting must be 0 (llama), 1 (gemma) or 2 (none), got ",
               casting);
   return static_cast<RMSNormCasting>(casting);
 }
 
-torch::ScalarType OutputType(torch::ScalarType x, torch::ScalarType weight, RMSNormCasting casting) {
+torch::ScalarType RMSNormOutputType(torch::ScalarType x, torch::ScalarType weight, RMSNormCasting casting) {
   return casting == RMSNormCasting::kGemma ? x : torch::promote_types(x, weight);
 }
 
-// [rows, hidden] with unit stride over hidden: a view where the layout allows it, else a contiguous copy.
-torch::Tensor AsRows(const torch::Tensor& t, int64_t hidden) {
-  auto rows = t.reshape({-1, hidden});
-  return rows.stride(1) == 1 ? rows : rows.contiguous();
-}
-
-void CheckInputs(const torch::Tensor& x, const torch::Tensor& weight) {
+void CheckRMSNormInputs(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.dim() >= 1, "tigon::rms_norm: x needs at least one dim");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "tigon::rms_norm: weight must be [", x.size(-1),
               "], got ", weight.sizes());
   TORCH_CHECK(weight.device() == x.device(), "tigon::rms_norm: x and weight on different devices");
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::RMSNormOutputType;
+
+// Rows per CPU task; also the rows summed into one partial of dweight (fixed, hence deterministic).
+constexpr int64_t kCpuRowBlock = 64;
 
 // The weight as the kernels multiply by it: kLlama and kNone add the offset in the weight's dtype (as
 // Hugging Face's `offset + weight` does), kGemma in fp32.
@@ -66,8 +62,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCpu(const torch::Tensor& h
                                                           double eps, double offset, RMSNormCasting casting) {
   const auto acc = AccumulateType(h2d.scalar_type());
   const int64_t rows = h2d.size(0), hidden = h2d.size(1);
-  auto y =
-      torch::empty({rows, hidden}, h2d.options().dtype(OutputType(h2d.scalar_type(), weight.scalar_type(), casting)));
+  const auto out_type = RMSNormOutputType(h2d.scalar_type(), weight.scalar_type(), casting);
+  auto y = torch::empty({rows, hidden}, h2d.options().dtype(out_type));
   auto rstd = torch::empty({rows}, h2d.options().dtype(acc));
   // kLlama multiplies in the promoted dtype by the weight as stored; the others in fp32.
   const auto w_llama = offset == 0.0 ? weight : weight + offset;
@@ -120,6 +116,15 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCpu(const torch::Tensor& 
 // ---- CUDA path ------------------------------------------------------------------------------------------
 
 #ifdef TIGON_CUDA_KERNELS
+cuda::RMSNormCasting CudaCasting(RMSNormCasting casting) {
+  switch (casting) {
+    case RMSNormCasting::kLlama: return cuda::RMSNormCasting::kLlama;
+    case RMSNormCasting::kGemma: return cuda::RMSNormCasting::kGemma;
+    case RMSNormCasting::kNone: return cuda::RMSNormCasting::kNone;
+  }
+  TORCH_CHECK(false, "tigon::rms_norm: unknown casting mode");
+}
+
 void CheckCudaTypes(const torch::Tensor& h, const torch::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == h.scalar_type() || weight.scalar_type() == torch::kFloat,
               "tigon::rms_norm (CUDA): weight must have x's dtype or float32, got ", weight.scalar_type(), " for x ",
@@ -133,8 +138,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCuda(const torch::Tensor& 
                                                            RMSNormCasting casting) {
   CheckCudaTypes(x2d, weight);
   const int64_t rows = x2d.size(0), hidden = x2d.size(1);
-  auto y =
-      torch::empty({rows, hidden}, x2d.options().dtype(OutputType(x2d.scalar_type(), weight.scalar_type(), casting)));
+  const auto out_type = RMSNormOutputType(x2d.scalar_type(), weight.scalar_type(), casting);
+  auto y = torch::empty({rows, hidden}, x2d.options().dtype(out_type));
   auto rstd = torch::empty({rows}, x2d.options().dtype(torch::kFloat));
   if (rows == 0 || hidden == 0) return {y, rstd};
   const auto w = weight.contiguous();
@@ -155,7 +160,7 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormForwardCuda(const torch::Tensor& 
   p.hidden = hidden;
   p.eps = static_cast<float>(eps);
   p.offset = static_cast<float>(offset);
-  p.casting = casting;
+  p.casting = CudaCasting(casting);
   p.x_dtype = CudaDType(x2d);
   p.weight_dtype = CudaDType(w);
   p.y_dtype = CudaDType(y);
@@ -175,9 +180,9 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCuda(const torch::Tensor&
   auto dweight = torch::empty({hidden}, w.options());
   auto partials =
       torch::empty({cuda::rms_norm_backward_num_partials(rows), hidden}, h2d.options().dtype(torch::kFloat));
-  auto dy = dy2d.scalar_type() == OutputType(h2d.scalar_type(), w.scalar_type(), casting)
+  auto dy = dy2d.scalar_type() == RMSNormOutputType(h2d.scalar_type(), w.scalar_type(), casting)
                 ? dy2d
-                : dy2d.to(OutputType(h2d.scalar_type(), w.scalar_type(), casting));
+                : dy2d.to(RMSNormOutputType(h2d.scalar_type(), w.scalar_type(), casting));
   cuda::RMSNormBackwardParams p;
   p.dy = dy.data_ptr();
   p.dy_row_stride = dy.stride(0);
@@ -196,7 +201,7 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCuda(const torch::Tensor&
   p.rows = rows;
   p.hidden = hidden;
   p.offset = static_cast<float>(offset);
-  p.casting = casting;
+  p.casting = CudaCasting(casting);
   p.x_dtype = CudaDType(h2d);
   p.weight_dtype = CudaDType(w);
   p.dy_dtype = CudaDType(dy);
@@ -204,6 +209,10 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackwardCuda(const torch::Tensor&
   return {dh, dweight};
 }
 #endif  // TIGON_CUDA_KERNELS
+
+}  // namespace
+
+namespace detail {
 
 std::pair<torch::Tensor, torch::Tensor> RMSNormForward(const torch::Tensor& h2d, const torch::Tensor& weight,
                                                        double eps, double offset, RMSNormCasting casting) {
@@ -228,8 +237,6 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormBackward(const torch::Tensor& dy2
                             weight, rstd, offset, casting);
 }
 
-// h = x + residual stored in x's dtype, then (h [rows, hidden], y = rms_norm(h), rstd): Hugging Face
-// normalises the rounded sum, and so do both paths.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AddRMSNormForward(const torch::Tensor& x,
                                                                           const torch::Tensor& residual,
                                                                           const torch::Tensor& weight, double eps,
@@ -251,17 +258,29 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AddRMSNormForward(const 
   return {h2d, y, rstd};
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::AddRMSNormForward;
+using detail::CheckRMSNormInputs;
+using detail::RMSNormBackward;
+using detail::RMSNormForward;
+using detail::ToRMSNormCasting;
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
 // ---- autograd functions ---------------------------------------------------------------------------------
 
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight, double eps,
                                double offset, int64_t casting) {
-    CheckInputs(x, weight);
+    CheckRMSNormInputs(x, weight);
     c10::OptionalDeviceGuard guard(x.device());
     const int64_t hidden = x.size(-1);
     auto x2d = AsRows(x, hidden);
-    auto [y, rstd] = RMSNormForward(x2d, weight, eps, offset, ToCasting(casting));
+    auto [y, rstd] = RMSNormForward(x2d, weight, eps, offset, ToRMSNormCasting(casting));
     ctx->save_for_backward({x2d, weight, rstd});
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["casting"] = casting;
@@ -277,7 +296,7 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
     const auto input_sizes = grad_outputs[0].sizes().vec();
     auto [dx, dweight] =
         RMSNormBackward(AsRows(grad_outputs[0], x2d.size(1)), x2d, {}, weight, rstd,
-                        ctx->saved_data["offset"].toDouble(), ToCasting(ctx->saved_data["casting"].toInt()));
+                        ctx->saved_data["offset"].toDouble(), ToRMSNormCasting(ctx->saved_data["casting"].toInt()));
     return {dx.view(input_sizes), dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -286,11 +305,11 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
  public:
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual,
                              const torch::Tensor& weight, double eps, double offset, int64_t casting) {
-    CheckInputs(x, weight);
+    CheckRMSNormInputs(x, weight);
     TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::add_rms_norm: x ", x.sizes(), " and residual ", residual.sizes(),
                 " differ");
     c10::OptionalDeviceGuard guard(x.device());
-    auto [residual_out, y, rstd] = AddRMSNormForward(x, residual, weight, eps, offset, ToCasting(casting));
+    auto [residual_out, y, rstd] = AddRMSNormForward(x, residual, weight, eps, offset, ToRMSNormCasting(casting));
     ctx->save_for_backward({residual_out, weight, rstd});
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["casting"] = casting;
@@ -306,115 +325,9 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
     const auto input_sizes = grad_outputs[0].sizes().vec();
     auto [dh, dweight] =
         RMSNormBackward(AsRows(grad_outputs[0], h2d.size(1)), h2d, grad_outputs[1], weight, rstd,
-                        ctx->saved_data["offset"].toDouble(), ToCasting(ctx->saved_data["casting"].toInt()));
+                        ctx->saved_data["offset"].toDouble(), ToRMSNormCasting(ctx->saved_data["casting"].toInt()));
     auto dh_view = dh.view(input_sizes);
     return {dh_view, dh_view, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// Projections of an RMSNorm's output, linear(rms_norm(h), w_i, b_i) for up to three (w_i, b_i), with
-// h = x, or h = x + residual when residual is given (then h is returned last). An absent residual,
-// weight or bias is an empty tensor (autograd functions take no undefined inputs). Saves h, the weights and
-// rstd but not rms_norm(h): backward recomputes it with the forward kernel (bit-identical, as h and rstd
-// are), so the projections' shared input costs no memory between forward and backward.
-// Backward memory beyond the saved tensors and the incoming gradients (T rows, hidden H, out features O_i):
-// y = rms_norm(h) lives only while the weight gradients are taken, then dy = sum_i g_i @ w_i (accumulated in
-// one buffer with addmm_) and dh: 2 T H + sum_i O_i H (the weight gradients). Keeping y until dh was
-// computed held 3 T H + sum_i O_i H. Llama-3-8B at T = 32768 (H = 4096, bf16): 0.5 GiB instead of 0.75 GiB
-// of [T, H] buffers.
-class RMSNormLinearsFunction : public torch::autograd::Function<RMSNormLinearsFunction> {
- public:
-  static bool Given(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
-
-  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual,
-                             const torch::Tensor& weight, const torch::Tensor& w0, const torch::Tensor& w1,
-                             const torch::Tensor& w2, const torch::Tensor& b0, const torch::Tensor& b1,
-                             const torch::Tensor& b2, double eps, double offset, int64_t casting) {
-    CheckInputs(x, weight);
-    c10::OptionalDeviceGuard guard(x.device());
-    const int64_t hidden = x.size(-1);
-    const auto mode = ToCasting(casting);
-    torch::Tensor h2d, y, rstd;
-    const bool has_residual = Given(residual);
-    if (has_residual) {
-      TORCH_CHECK(x.sizes() == residual.sizes(), "tigon::rms_norm_linears: x ", x.sizes(), " and residual ",
-                  residual.sizes(), " differ");
-      std::tie(h2d, y, rstd) = AddRMSNormForward(x, residual, weight, eps, offset, mode);
-    } else {
-      h2d = AsRows(x, hidden);
-      std::tie(y, rstd) = RMSNormForward(h2d, weight, eps, offset, mode);
-    }
-    auto lead = x.sizes().vec();
-    lead.pop_back();
-    tensor_list outputs;
-    for (const auto& [w, b] : {std::pair{w0, b0}, std::pair{w1, b1}, std::pair{w2, b2}}) {
-      if (!Given(w)) continue;
-      auto shape = lead;
-      shape.push_back(w.size(0));
-      outputs.push_back((Given(b) ? at::linear(y, w, b) : at::linear(y, w)).view(shape));
-    }
-    if (has_residual) outputs.push_back(h2d.view(x.sizes()));
-    ctx->save_for_backward({h2d, weight, rstd, w0, w1, w2});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["offset"] = offset;
-    ctx->saved_data["casting"] = casting;
-    ctx->saved_data["has_residual"] = has_residual;
-    ctx->saved_data["sizes"] = x.sizes().vec();
-    ctx->saved_data["bias_mask"] = static_cast<int64_t>(Given(b0)) | (static_cast<int64_t>(Given(b1)) << 1) |
-                                   (static_cast<int64_t>(Given(b2)) << 2);
-    return outputs;
-  }
-
-  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& h2d = saved[0];
-    const auto& weight = saved[1];
-    const auto& rstd = saved[2];
-    c10::OptionalDeviceGuard guard(h2d.device());
-    const double offset = ctx->saved_data["offset"].toDouble();
-    const auto mode = ToCasting(ctx->saved_data["casting"].toInt());
-    const bool has_residual = ctx->saved_data["has_residual"].toBool();
-    const int64_t bias_mask = ctx->saved_data["bias_mask"].toInt();
-    // Projection i's incoming gradient (undefined where the projection is absent or its output unused).
-    tensor_list grads(3);
-    size_t output = 0;
-    bool weight_grads = false;
-    for (int i = 0; i < 3; ++i) {
-      if (!Given(saved[3 + i])) continue;
-      grads[i] = grad_outputs[output++];
-      weight_grads = weight_grads || (grads[i].defined() && ctx->needs_input_grad(3 + i));
-    }
-    const torch::Tensor d_residual_out = has_residual ? grad_outputs[output] : torch::Tensor();
-    auto rows_of = [&](int i) { return grads[i].reshape({-1, saved[3 + i].size(0)}); };
-    // The weight gradients first, while the recomputed y lives; it is freed before dy and dh exist.
-    tensor_list dw(3), db(3);
-    if (weight_grads) {
-      const auto y = RMSNormForward(h2d, weight, ctx->saved_data["eps"].toDouble(), offset, mode).first;
-      for (int i = 0; i < 3; ++i) {
-        if (grads[i].defined() && ctx->needs_input_grad(3 + i)) dw[i] = rows_of(i).t().mm(y);
-      }
-    }
-    // dy = sum_i g_i @ w_i, accumulated into one buffer. One rounding per projection: cuBLAS accumulates
-    // beta * dy in fp32.
-    torch::Tensor dy;
-    for (int i = 0; i < 3; ++i) {
-      if (!grads[i].defined()) continue;
-      const auto g2d = rows_of(i);
-      if (bias_mask & (1 << i)) db[i] = g2d.sum(0);
-      if (dy.defined()) {
-        dy.addmm_(g2d, saved[3 + i]);
-      } else {
-        dy = g2d.mm(saved[3 + i]);
-      }
-    }
-    if (!dy.defined()) {
-      dy = torch::zeros({h2d.size(0), h2d.size(1)},
-                        h2d.options().dtype(OutputType(h2d.scalar_type(), weight.scalar_type(), mode)));
-    }
-    auto [dh, dweight] = RMSNormBackward(dy, h2d, d_residual_out, weight, rstd, offset, mode);
-    const auto dx = dh.view(ctx->saved_data["sizes"].toIntVector());
-    return {dx, has_residual ? dx : torch::Tensor(), dweight, dw[0], dw[1], dw[2], db[0], db[1], db[2],
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -441,28 +354,6 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
                                                       const torch::Tensor& weight, double eps, double offset,
                                                       RMSNormCasting casting) {
   return AddRMSNormOp(x, residual, weight, eps, offset, static_cast<int64_t>(casting));
-}
-
-std::vector<torch::Tensor> rms_norm_linears(const torch::Tensor& x, const torch::Tensor& residual,
-                                            const torch::Tensor& weight, double eps, double offset,
-                                            RMSNormCasting casting, const std::vector<torch::Tensor>& weights,
-                                            const std::vector<torch::Tensor>& biases) {
-  TORCH_CHECK(!weights.empty() && weights.size() <= 3, "tigon::rms_norm_linears: takes 1 to 3 weights, got ",
-              weights.size());
-  TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
-              "tigon::rms_norm_linears: give one bias (or an undefined tensor) per weight, or none");
-  TORCH_CHECK(x.defined(), "tigon::rms_norm_linears: x is undefined");
-  const torch::Tensor none = torch::empty({0}, x.options());
-  torch::Tensor w[3] = {none, none, none}, b[3] = {none, none, none};
-  for (size_t i = 0; i < weights.size(); ++i) {
-    TORCH_CHECK(weights[i].defined() && weights[i].dim() == 2 && weights[i].size(0) > 0 &&
-                    weights[i].size(1) == x.size(-1),
-                "tigon::rms_norm_linears: weight ", i, " must be [out, ", x.size(-1), "]");
-    w[i] = weights[i];
-    if (!biases.empty() && biases[i].defined()) b[i] = biases[i];
-  }
-  return RMSNormLinearsFunction::apply(x, residual.defined() ? residual : none, weight, w[0], w[1], w[2], b[0], b[1],
-                                       b[2], eps, offset, static_cast<int64_t>(casting));
 }
 
 }  // namespace tigon::ops

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "kernels/ops/cuda_glue.h"
+#include "kernels/ops/op_helpers.h"
 #include "kernels/ops/ops.h"
 
 namespace tigon::ops {
@@ -18,10 +19,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-torch::ScalarType AccumulateType(torch::ScalarType t) {
-  return t == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
 
 void CheckInputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "tigon::rope: q and k must be [B, H, T, D], got ", q.sizes(), " and ",

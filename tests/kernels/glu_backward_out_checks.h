@@ -1,6 +1,6 @@
 // The checks of swiglu_backward_out / geglu_backward_out (the GLU backward outside autograd, da written over
-// dy), shared by test_swiglu.cpp and test_geglu.cpp: each takes the op's fused forward, fused backward_out
-// and float64 reference backward_out, so both ops run the same cases and assertions.
+// dy), run by test_glu.cpp for each activation: each takes the op's fused forward, fused backward_out and
+// float64 reference backward_out, so both ops run the same cases and assertions.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 // rms_norm_linears (projections of an RMSNorm's output with the norm recomputed in backward) against the
 // composition rms_norm / add_rms_norm + at::linear, forward and every gradient, in float64 on fresh random
 // inputs with odd shapes, 1 to 3 projections with and without biases, strided inputs, every casting mode.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -185,6 +186,54 @@ TEST(RMSNormLinearsCpu, BitIdenticalToItsProductsWrittenOut) {
         EXPECT_TRUE(torch::equal(nwa.grad(), nwe.grad())) << tag << ": dweight";
         if (residual) EXPECT_TRUE(torch::equal(ra.grad(), re.grad())) << tag << ": dresidual";
       }
+    }
+  }
+}
+
+// torch.ops.tigon.rms_norm_linears (what Python calls) runs the same function: outputs and gradients equal,
+// with and without a residual and biases.
+TEST(RMSNormLinears, RegisteredTorchOpMatchesTheFunction) {
+  torch::manual_seed(11);
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("tigon::rms_norm_linears", "")
+                .typed<std::vector<torch::Tensor>(const torch::Tensor&, const c10::optional<torch::Tensor>&,
+                                                  const torch::Tensor&, double, double, int64_t, at::TensorList,
+                                                  const c10::List<c10::optional<torch::Tensor>>&)>();
+  const auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const auto x = torch::randn({3, 5, 16}, opt), res = torch::randn({3, 5, 16}, opt);
+  const auto norm_w = torch::randn({16}, opt) + 1.0;
+  const std::vector<torch::Tensor> ws = {torch::randn({7, 16}, opt), torch::randn({9, 16}, opt)};
+  const auto bias = torch::randn({9}, opt);
+  for (bool residual : {false, true}) {
+    for (int casting : {0, 1}) {
+      const std::string tag = std::string(residual ? "residual" : "no residual") + ", casting " +
+                              std::to_string(casting);
+      auto run = [&](bool through_dispatcher) {
+        auto xl = x.clone().requires_grad_(true), rl = res.clone().requires_grad_(true);
+        auto wl = norm_w.clone().requires_grad_(true);
+        std::vector<torch::Tensor> outs;
+        if (through_dispatcher) {
+          c10::List<c10::optional<torch::Tensor>> biases;
+          biases.push_back(c10::nullopt);
+          biases.push_back(bias);
+          outs = op.call(xl, residual ? c10::optional<torch::Tensor>(rl) : c10::nullopt, wl, 1e-6, 1.0, casting, ws,
+                         biases);
+        } else {
+          outs = tigon::ops::rms_norm_linears(xl, residual ? rl : torch::Tensor(), wl, 1e-6, 1.0,
+                                              static_cast<RMSNormCasting>(casting), ws, {torch::Tensor(), bias});
+        }
+        torch::Tensor loss = torch::zeros({}, opt);
+        for (size_t i = 0; i < outs.size(); ++i) loss = loss + (outs[i] * (static_cast<double>(i) + 0.5)).sum();
+        loss.backward();
+        outs.push_back(xl.grad());
+        outs.push_back(wl.grad());
+        if (residual) outs.push_back(rl.grad());
+        return outs;
+      };
+      const auto direct = run(false), dispatched = run(true);
+      ASSERT_EQ(direct.size(), dispatched.size()) << tag;
+      ASSERT_EQ(direct.size(), residual ? 6u : 4u) << tag;
+      for (size_t i = 0; i < direct.size(); ++i) EXPECT_TRUE(torch::equal(direct[i], dispatched[i])) << tag << ": " << i;
     }
   }
 }

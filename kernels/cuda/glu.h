@@ -1,10 +1,13 @@
-// SwiGLU: y = silu(a) * b on [rows, cols] (launchers; no CUDA or torch headers here).
+// The gated activations y = act(a) * b on [rows, cols] (launchers; no CUDA or torch headers here):
+//   SwiGLU: act = silu,      silu(a) = a s, s = sigmoid(a),   silu'(a) = s (1 + a (1 - s))
+//   GeGLU:  act = gelu_tanh, gelu_tanh(a) = 0.5 a (1 + tanh(u)), u = sqrt(2/pi) (a + 0.044715 a^3)
+//           (GELU(approximate="tanh")), gelu'(a) = 0.5 (1 + tanh(u)) + 0.5 a (1 - tanh(u)^2) u'(a)
 //
 // Forward reads a and b, writes y; nothing extra is saved (the op keeps a and b).
-// Backward recomputes the activation: s = sigmoid(a), silu = a s,
-//   da = dy * b * s * (1 + a (1 - s)),   db = dy * silu      (both =).
+// Backward recomputes the activation:
+//   da = dy * b * act'(a),   db = dy * act(a)      (both =).
 // da and db may each be dy, a or b itself (same pointer and row stride): every element is read before it
-// is written, by the thread that writes it. Backward can also write h = silu(a) * b, bit for bit the
+// is written, by the thread that writes it. Backward can also write h = act(a) * b, bit for bit the
 // forward's y, into a sixth operand (which may likewise be dy, a or b): glu_linear takes the down
 // projection's weight gradient from it instead of running the forward kernel again.
 // Rows have unit stride inside and any row stride between them (a and b may be the two halves of one
@@ -46,5 +49,7 @@ struct GluBackwardParams {
 
 LaunchStatus swiglu_forward(const GluForwardParams& params, void* stream);
 LaunchStatus swiglu_backward(const GluBackwardParams& params, void* stream);
+LaunchStatus geglu_forward(const GluForwardParams& params, void* stream);
+LaunchStatus geglu_backward(const GluBackwardParams& params, void* stream);
 
 }  // namespace tigon::cuda

@@ -1,13 +1,12 @@
-// The gated activations' kernels and launchers, shared by swiglu.cu and geglu.cu: only the activation
-// (Act: value(a), value_and_grad(a, value, grad)) differs between them.
+// The gated activations: one set of kernels and launchers templated on the activation (Act: value(a),
+// value_and_grad(a, value, grad)), and the entry points of SwiGLU and GeGLU (contract in glu.h).
 //
 // Elementwise over [rows, cols] with 16-byte packs. Rows that lie back to back (row stride == cols for
 // every operand) are treated as one long row, so the usual contiguous case is a flat grid-stride loop;
 // otherwise blocks stride over rows (gridDim.y) and over packs within a row (gridDim.x).
-#pragma once
+#include "kernels/cuda/glu.h"
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/swiglu.h"
 
 namespace tigon::cuda::glu {
 
@@ -141,3 +140,59 @@ cudaError_t launch_backward(const GluBackwardParams& p, cudaStream_t stream) {
 }
 
 }  // namespace tigon::cuda::glu
+
+namespace tigon::cuda {
+namespace {
+
+// silu(a) = a * sigmoid(a); silu'(a) = s (1 + a (1 - s)). expf keeps fp32 within 1e-6 relative.
+struct SiLU {
+  __device__ __forceinline__ static float value(float a) { return a / (1.f + expf(-a)); }
+  __device__ __forceinline__ static void value_and_grad(float a, float& value, float& grad) {
+    const float s = 1.f / (1.f + expf(-a));
+    value = a * s;
+    grad = s * (1.f + a * (1.f - s));
+  }
+};
+
+// gelu_tanh(a) = 0.5 a (1 + tanh(u)) = a * sigmoid(2u), u = sqrt(2/pi) (a + 0.044715 a^3): the sigmoid form
+// has no cancellation for large negative a (1 + tanh(u) underflows gracefully), so fp32 stays within 1e-6.
+// gelu'(a) = s + 2 a s (1 - s) u'(a), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 a^2).
+struct GeluTanh {
+  static constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  static constexpr float kCubic = 0.044715f;
+  __device__ __forceinline__ static float value(float a) {
+    const float u = kSqrt2OverPi * (a + kCubic * a * a * a);
+    return a / (1.f + expf(-2.f * u));
+  }
+  __device__ __forceinline__ static void value_and_grad(float a, float& value, float& grad) {
+    const float u = kSqrt2OverPi * (a + kCubic * a * a * a);
+    const float s = 1.f / (1.f + expf(-2.f * u));
+    value = a * s;
+    grad = s + 2.f * a * s * (1.f - s) * kSqrt2OverPi * (1.f + 3.f * kCubic * a * a);
+  }
+};
+
+template <typename Act>
+LaunchStatus forward(const GluForwardParams& p, void* stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return dispatch_float_type(p.dtype, [&](auto tag) {
+    return glu::launch_forward<typename decltype(tag)::type, Act>(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
+template <typename Act>
+LaunchStatus backward(const GluBackwardParams& p, void* stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return dispatch_float_type(p.dtype, [&](auto tag) {
+    return glu::launch_backward<typename decltype(tag)::type, Act>(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace
+
+LaunchStatus swiglu_forward(const GluForwardParams& p, void* stream) { return forward<SiLU>(p, stream); }
+LaunchStatus swiglu_backward(const GluBackwardParams& p, void* stream) { return backward<SiLU>(p, stream); }
+LaunchStatus geglu_forward(const GluForwardParams& p, void* stream) { return forward<GeluTanh>(p, stream); }
+LaunchStatus geglu_backward(const GluBackwardParams& p, void* stream) { return backward<GeluTanh>(p, stream); }
+
+}  // namespace tigon::cuda
