@@ -35,3 +35,16 @@ def test_server_compile_lines_have_no_torch_include_directories():
         # The engine's test hooks (engine/src/testing) are for tests, not for the service.
         assert "engine/src/testing" not in line, unit["file"]
         assert "-include" not in line.split(), f"{unit['file']} uses a precompiled (torch) header"
+
+
+def test_cuda_kernels_include_only_cuda_and_cxx_headers():
+    """kernels/cuda is the lowest layer: nvcc compiles it without torch, so it includes its own headers and
+    system (C++, CUDA) headers only, never the ops, the references, models, the engine or torch."""
+    sources = glob.glob(os.path.join(ROOT, "kernels", "cuda", "*"))
+    assert sources
+    for path in sources:
+        with open(path) as f:
+            includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read(), re.M)
+        for header in includes:
+            assert not re.match(r"(torch|ATen|c10|caffe2|models|engine|server)/", header), (path, header)
+            assert not header.startswith("kernels/") or header.startswith("kernels/cuda/"), (path, header)
