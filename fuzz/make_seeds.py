@@ -112,3 +112,16 @@ write(RQ, "train_ragged", bytes([1]) + trainer_pb2.TrainStepRequest(
     batch=trainer_pb2.Batch(batch=2, seq_len=4, input_ids=[1, 2, 3])).SerializeToString())
 write(RQ, "train_nan_weight", bytes([1]) + trainer_pb2.TrainStepRequest(batch=trainer_pb2.Batch(
     batch=1, seq_len=2, input_ids=[1, 2], loss_weights=[float("nan"), 1])).SerializeToString())
+
+# fuzz_checkpoint_path: a selector byte (bit 0: admin, else the user bob; bits 1-2: Locate, OpenForLoad,
+# OpenForSave, LocateFolder), then the path. The fixture's tree: root/{bob/{run/step-1, latest -> run/step-1,
+# up -> ../alice, abs -> root/alice/private, out -> outside}, alice/private, escape -> outside, mallory -> alice}.
+CP = "fuzz_checkpoint_path"
+for call, selector in (("locate", 0), ("load", 2), ("save", 4), ("model", 6)):
+    for name, path in (("plain", "run/step-2"), ("dotdot_other", "../alice/private"), ("link_inside", "latest"),
+                       ("link_up", "up/private"), ("link_abs", "abs"), ("link_out", "out/x"),
+                       ("absolute_other", "/tmp/root/alice/private"), ("temporary", "run/a.tmp-1-2"),
+                       ("control", "run/a\nb\x1b[2J"), ("empty", "")):
+        write(CP, f"{call}_user_{name}", bytes([selector]) + path.encode())
+    write(CP, f"{call}_admin_other", bytes([selector | 1]) + b"alice/private")
+    write(CP, f"{call}_admin_escape", bytes([selector | 1]) + b"escape/x")

@@ -158,18 +158,22 @@ std::unique_ptr<DecoderModel> CreateRandom(const nlohmann::json& config_json, co
   return model;
 }
 
+std::string SavedConfigText(const DecoderModel& model) {
+  nlohmann::json config = model.config().ToJson();
+  const char* dtype_name = HuggingFaceDtypeName(model.dtype());
+  // transformers 5 writes "dtype", 4.x "torch_dtype": refresh whichever the config has.
+  if (config.contains("torch_dtype")) config["torch_dtype"] = dtype_name;
+  if (config.contains("dtype") || !config.contains("torch_dtype")) config["dtype"] = dtype_name;
+  return config.dump(2) + "\n";
+}
+
 void SavePretrained(const DecoderModel& model, const std::string& folder_name) {
   const fs::path folder(folder_name);
   std::error_code error;
   fs::create_directories(folder, error);
   if (error) throw ModelError(folder_name + ": cannot create the folder: " + error.message());
 
-  nlohmann::json config = model.config().ToJson();
-  const char* dtype_name = HuggingFaceDtypeName(model.dtype());
-  // transformers 5 writes "dtype", 4.x "torch_dtype": refresh whichever the config has.
-  if (config.contains("torch_dtype")) config["torch_dtype"] = dtype_name;
-  if (config.contains("dtype") || !config.contains("torch_dtype")) config["dtype"] = dtype_name;
-  WriteTextAtomically(folder / "config.json", config.dump(2) + "\n");
+  WriteTextAtomically(folder / "config.json", SavedConfigText(model));
 
   const fs::path weights = folder / "model.safetensors";
   const fs::path temp = weights.string() + ".tmp";

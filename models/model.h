@@ -169,6 +169,8 @@ std::unique_ptr<DecoderModel> CreateRandom(const nlohmann::json& config, const O
 
 // Writes config.json and model.safetensors of `model` (in its current dtype) into `folder`.
 void SavePretrained(const DecoderModel& model, const std::string& folder);
+// The config.json text SavePretrained writes (the model's config with its current dtype).
+std::string SavedConfigText(const DecoderModel& model);
 
 // The model_types of the registered families (models/families/), sorted.
 std::vector<std::string> SupportedFamilies();

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <system_error>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -279,18 +280,31 @@ std::map<std::string, torch::Tensor> ReadSafetensorsFromMemory(const void* data,
 
 void WriteSafetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw ModelError(path + ": cannot open for writing: " + std::strerror(errno));
+  try {
+    WriteSafetensors(fd, path, tensors, metadata);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw std::system_error(errno, std::generic_category(), path + ": close failed");
+}
+
+void WriteSafetensors(int fd, const std::string& name, const std::map<std::string, torch::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<torch::Tensor> data;
   data.reserve(tensors.size());
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name == "__metadata__") throw ModelError(path + ": '__metadata__' is not a valid tensor name");
-    if (!tensor.defined()) throw ModelError(path + ": tensor '" + name + "' is undefined");
-    const DtypeInfo& info = FindDtype(tensor.scalar_type(), path, name);
+  for (const auto& [tensor_name, tensor] : tensors) {
+    if (tensor_name == "__metadata__") throw ModelError(name + ": '__metadata__' is not a valid tensor name");
+    if (!tensor.defined()) throw ModelError(name + ": tensor '" + tensor_name + "' is undefined");
+    const DtypeInfo& info = FindDtype(tensor.scalar_type(), name, tensor_name);
     torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
     const uint64_t nbytes = static_cast<uint64_t>(cpu.numel()) * info.bytes;
-    header[name] = {{"dtype", info.name}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
+    header[tensor_name] = {{"dtype", info.name}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
     data.push_back(std::move(cpu));
   }
@@ -298,25 +312,26 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, torch
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) throw ModelError(path + ": cannot open for writing: " + std::strerror(errno));
-  auto fail = [&](const std::string& what) {
-    const std::string reason = std::strerror(errno);
-    std::fclose(file);
-    throw ModelError(path + ": " + what + ": " + reason);
+  auto write_all = [&](const void* bytes, size_t size) {
+    const char* p = static_cast<const char*>(bytes);
+    while (size > 0) {
+      const ssize_t n = ::write(fd, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::system_error(errno, std::generic_category(), name + ": write failed");
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
   };
   unsigned char length_bytes[8];
   uint64_t length = text.size();
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));
-  if (std::fwrite(length_bytes, 1, 8, file) != 8) fail("write failed");
-  if (std::fwrite(text.data(), 1, text.size(), file) != text.size()) fail("write failed");
+  write_all(length_bytes, 8);
+  write_all(text.data(), text.size());
   for (const auto& cpu : data) {
     const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
-    if (nbytes > 0 && std::fwrite(cpu.data_ptr(), 1, nbytes, file) != nbytes) fail("write failed");
+    if (nbytes > 0) write_all(cpu.data_ptr(), nbytes);
   }
-  if (std::fflush(file) != 0) fail("flush failed");
-  if (::fsync(::fileno(file)) != 0) fail("fsync failed");
-  if (std::fclose(file) != 0) throw ModelError(path + ": close failed: " + std::strerror(errno));
+  if (::fsync(fd) != 0) throw std::system_error(errno, std::generic_category(), name + ": fsync failed");
 }
 
 }  // namespace tigon::models

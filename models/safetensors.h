@@ -28,5 +28,9 @@ std::map<std::string, std::pair<std::string, std::vector<int64_t>>> ReadSafetens
 // callers write to a temporary name and rename.
 void WriteSafetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+// The same into a file already open for writing (`fd`, left open); `name` stands in for the path in
+// errors. I/O failures throw std::system_error carrying errno (ENOSPC for a full disk).
+void WriteSafetensors(int fd, const std::string& name, const std::map<std::string, torch::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tigon::models

@@ -25,7 +25,8 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 }
 
 bool ValidName(const std::string& name) {
-  if (name.empty()) return false;
+  // A name is also a folder of the checkpoint root (checkpoint_paths.h): "." and ".." are not names.
+  if (name.empty() || name == "." || name == "..") return false;
   for (char c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '@' && c != '-') return false;
   }
@@ -75,7 +76,7 @@ bool TokenAuthenticator::Parse(const std::string& text, const std::string& sourc
         return false;
       }
       if (!ValidName(parts[2])) {
-        *error = where + ": the name '" + parts[2] + "' may hold only letters, digits and . _ @ -";
+        *error = where + ": the name '" + parts[2] + "' may hold only letters, digits and . _ @ - (and is not . or ..)";
         return false;
       }
       entry.caller = Caller{parts[2], parts[1] == "admin"};

@@ -37,7 +37,8 @@ class TokenAuthenticator {
 
   // One entry per line, fields separated by whitespace:
   //   TOKEN                  the user "default" (the original format: every such token is the same user)
-  //   TOKEN ROLE NAME        ROLE is `user` or `admin`; NAME ([A-Za-z0-9._@-]+) owns the sessions it creates
+  //   TOKEN ROLE NAME        ROLE is `user` or `admin`; NAME ([A-Za-z0-9._@-]+, not . or ..) owns the sessions
+//                          it creates and the checkpoint namespace <checkpoint-root>/NAME
   // Blank lines and lines starting with '#' are ignored. Several tokens may share a name (a rotation).
   // No token, a repeated token, an unknown role or a malformed line is an error naming the line.
   static bool LoadFromFile(const std::string& path, TokenAuthenticator* out, std::string* error);

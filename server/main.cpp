@@ -18,6 +18,7 @@
 
 #include "server/auth.h"
 #include "server/checkpoint_paths.h"
+#include "server/parse_errors.h"
 #include "server/engine_api.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
@@ -126,6 +127,7 @@ int Run(const ServerOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(&service);
+  builder.experimental().SetInterceptorCreators(RequestInterceptors());  // a request that does not parse
   // Larger requests are refused by gRPC with RESOURCE_EXHAUSTED ("Received message larger than max").
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(-1);

@@ -197,12 +197,9 @@ grpc::Status ModelRoots::Resolve(const std::string& request_path, const Checkpoi
   return Refused(grpc::StatusCode::NOT_FOUND, kNotOffered);
 }
 
-ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints, const Caller&) {
-  return [&checkpoints](const std::string& request_path, std::string* folder, std::string* root) {
-    std::string relative;
-    grpc::Status status = checkpoints.Resolve(request_path, folder, &relative);
-    *root = checkpoints.root();
-    return status;
+ModelRoots::CheckpointLookup CheckpointsLookup(const CheckpointRoot& checkpoints, const Caller& caller) {
+  return [&checkpoints, caller](const std::string& request_path, std::string* folder, std::string* root) {
+    return checkpoints.LocateFolder(request_path, caller, folder, root);
   };
 }
 

@@ -4,6 +4,9 @@
 #include <iomanip>
 #include <sstream>
 
+#include "server/client_text.h"
+#include "server/validation.h"
+
 namespace tigon::server {
 
 int64_t SteadyNowNs() {
@@ -24,19 +27,17 @@ SessionRegistry::SessionRegistry(int64_t max_sessions) : max_sessions_(max_sessi
 
 std::shared_ptr<SessionEntry> SessionRegistry::Find(const std::string& session_id, const Caller& caller,
                                                     grpc::Status* status) const {
-  if (session_id.empty()) {
-    *status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty");
-    return nullptr;
-  }
+  *status = ValidateSessionId(session_id);  // an absurd id is refused before it is looked up or logged
+  if (!status->ok()) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
-    *status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no session '" + session_id + "' on this server");
+    *status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no session '" + ClientText(session_id) + "' on this server");
     return nullptr;
   }
   if (!MayUseSession(caller, it->second->owner)) {
     *status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                           "session '" + session_id + "' belongs to another client; its calls need the token of the "
+                           "session '" + ClientText(session_id) + "' belongs to another client; its calls need the token of the "
                            "client that created it or an admin token");
     return nullptr;
   }

@@ -3,10 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <system_error>
 #include <type_traits>
 
+#include "server/client_text.h"
 #include "server/proto_convert.h"
 #include "server/status_map.h"
 #include "server/validation.h"
@@ -91,6 +90,8 @@ grpc::Status TrainerService::Handle(const char* method, grpc::ServerContext* ctx
       status = Error(grpc::StatusCode::INTERNAL, std::string("internal error in ") + method);
     }
   }
+  // Messages may quote client strings: escaped and bounded once more here, for the log and the client.
+  if (!status.ok()) status = grpc::Status(status.error_code(), ClientText(status.error_message(), kStatusMessageLimit));
   const char* code = GrpcCodeName(status.error_code());
   if (status.ok()) {
     spdlog::debug("{} OK in {:.4f} s", method, SecondsSince(start));
@@ -110,6 +111,10 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
     grpc::Status status;
     std::shared_ptr<SessionEntry> entry = sessions_.Find(*call.session_id, caller, &status);
     if (entry == nullptr) return status;  // the session's access before anything about the request
+    if (call.request_id != nullptr) {
+      status = ValidateRequestId(*call.request_id);
+      if (!status.ok()) return status;
+    }
     // Whether the caller still waits: for its turn, for the step lock, and inside the engine's step.
     tigon::CallContext context;
     context.deadline = ctx->deadline();
@@ -121,7 +126,7 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
       if (!status.ok()) return status;
     }
     if (call.check) {
-      status = call.check(*entry);
+      status = call.check(*entry, caller);
       if (!status.ok()) return status;
     }
     if (call.lock == Lock::kNone) return call.execute(*entry, context, response);
@@ -166,7 +171,7 @@ bool TrainerService::Replay(SessionEntry& entry, const std::string& request_id, 
   const RequestCache::Entry* hit = entry.request_cache.Find(request_id);
   if (hit == nullptr) return false;
   if (hit->method != method) {
-    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id '" + request_id + "' was already used by a " +
+    *status = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id '" + ClientText(request_id) + "' was already used by a " +
                                                             hit->method + " call on this session");
   } else {
     *response = hit->result;
@@ -345,7 +350,7 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
   tigon::Batch batch;
   SessionCall<v1::StepResult> call{"ForwardBackward", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry& entry) {
+  call.check = [&](const SessionEntry& entry, const Caller&) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
@@ -363,7 +368,7 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
   SessionCall<v1::StepResult> call{"OptimStep", &request->session_id()};
   call.order = &request->order();
   call.request_id = &request->request_id();
-  call.check = [&](const SessionEntry&) { return ValidateOptimizerSettings(request->optimizer()); };
+  call.check = [&](const SessionEntry&, const Caller&) { return ValidateOptimizerSettings(request->optimizer()); };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
     if (entry.InfoSnapshot().accumulated_batches == 0) {
       return Error(grpc::StatusCode::FAILED_PRECONDITION,
@@ -384,7 +389,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
   SessionCall<v1::StepResult> call{"TrainStep", &request->session_id()};
   call.order = &request->order();
   call.request_id = &request->request_id();
-  call.check = [&](const SessionEntry& entry) {
+  call.check = [&](const SessionEntry& entry, const Caller&) {
     grpc::Status status = CheckBatch(entry, request->has_batch(), request->batch(), &batch);
     return status.ok() ? ValidateOptimizerSettings(request->optimizer()) : status;
   };
@@ -406,7 +411,7 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
   tigon::Batch batch;
   SessionCall<v1::ForwardResponse> call{"Forward", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry& entry) {
+  call.check = [&](const SessionEntry& entry, const Caller&) {
     return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::ForwardResponse* out) {
@@ -429,24 +434,23 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
 
 grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  std::string absolute, relative;
+  CheckpointSaveTarget target;  // the checkpoint's parent folder, held open until the save is done
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry&) { return checkpoints_.Resolve(request->path(), &absolute, &relative); };
+  call.check = [&](const SessionEntry&, const Caller& caller) {
+    return checkpoints_.OpenForSave(request->path(), caller, &target);
+  };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(absolute).parent_path(), ec);
-    if (ec) {
-      return Error(grpc::StatusCode::INTERNAL,
-                   "cannot create the folder for checkpoint '" + relative + "': " + ec.message());
-    }
     const auto start = Clock::now();
-    tigon::Status engine_status = entry.session->SaveCheckpoint(absolute);
+    tigon::Status engine_status =
+        entry.session->SaveCheckpointAt(target.parent.get(), target.name, "'" + ClientText(target.relative) + "'");
     if (!engine_status.ok()) return FromEngine(engine_status, entry);
-    out->set_path(relative);
+    grpc::Status status = checkpoints_.CheckStillInPlace(target);
+    if (!status.ok()) return status;
+    out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
-    spdlog::info("session {} saved checkpoint '{}' at step {}", entry.id, relative, out->step());
+    spdlog::info("session {} saved checkpoint '{}' at step {}", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };
   return RunSessionCall(ctx, call, response);
@@ -454,28 +458,23 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
 
 grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::LoadCheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
-  std::string absolute, relative;
+  CheckpointLoadTarget target;  // the checkpoint's folder, held open until the load is done
   SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry&) {
-    grpc::Status status = checkpoints_.Resolve(request->path(), &absolute, &relative);
-    if (!status.ok()) return status;
-    std::error_code ec;
-    if (!std::filesystem::is_directory(absolute, ec)) {
-      return Error(grpc::StatusCode::NOT_FOUND, "no checkpoint '" + relative + "' under the server's checkpoint root");
-    }
-    return grpc::Status::OK;
+  call.check = [&](const SessionEntry&, const Caller& caller) {
+    return checkpoints_.OpenForLoad(request->path(), caller, &target);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
-    tigon::Status engine_status = entry.session->LoadCheckpoint(absolute);
+    tigon::Status engine_status =
+        entry.session->LoadCheckpointAt(target.folder.get(), "'" + ClientText(target.relative) + "'");
     if (!engine_status.ok()) return FromEngine(engine_status, entry);
     // Results remembered from before the load describe a state the session no longer has.
     entry.request_cache.Clear();
-    out->set_path(relative);
+    out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
-    spdlog::info("session {} loaded checkpoint '{}' (step {})", entry.id, relative, out->step());
+    spdlog::info("session {} loaded checkpoint '{}' (step {})", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };
   return RunSessionCall(ctx, call, response);

@@ -112,7 +112,7 @@ class TrainerService final : public v1::Trainer::Service {
     const std::string* request_id = nullptr;
     // Calls a client numbered: run after the calls it sent before them on the session (SessionSequence).
     const v1::CallOrder* order = nullptr;
-    std::function<grpc::Status(const SessionEntry&)> check;  // may be empty
+    std::function<grpc::Status(const SessionEntry&, const Caller&)> check;  // may be empty
     // Under the step lock (Lock::kStep); `context` carries the call's deadline and cancellation to the engine.
     std::function<grpc::Status(SessionEntry&, const tigon::CallContext& context, Response*)> execute;
   };

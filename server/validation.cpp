@@ -1,5 +1,7 @@
 #include "server/validation.h"
 
+#include "server/client_text.h"
+
 #include <cmath>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -12,6 +14,11 @@ namespace tigon::server {
 namespace {
 
 grpc::Status Invalid(const std::string& message) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message); }
+
+bool SessionIdCharacter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
@@ -30,6 +37,29 @@ grpc::Status ValidateBatch(const v1::Batch& batch, const BatchLimits& limits) {
   grpc::Status shape = ValidateBatchShape(batch.batch(), batch.seq_len(), limits);
   if (!shape.ok()) return shape;
   return ToGrpcStatus(tigon::CheckBatch(ToEngineBatch(batch), limits));
+}
+
+grpc::Status ValidateSessionId(const std::string& session_id) {
+  if (session_id.empty()) return Invalid("session_id is empty");
+  if (session_id.size() > kMaxSessionIdBytes) {
+    return Invalid("session_id is " + std::to_string(session_id.size()) + " bytes; the ids CreateSession returns are at "
+                   "most " + std::to_string(kMaxSessionIdBytes));
+  }
+  for (char c : session_id) {
+    if (!SessionIdCharacter(c)) {
+      return Invalid("session_id '" + ClientText(session_id) +
+                     "' is not a session id: ids hold only letters, digits, '.', '_' and '-'");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ValidateRequestId(const std::string& request_id) {
+  if (request_id.size() > kMaxRequestIdBytes) {
+    return Invalid("request_id is " + std::to_string(request_id.size()) + " bytes, more than the " +
+                   std::to_string(kMaxRequestIdBytes) + " allowed");
+  }
+  return grpc::Status::OK;
 }
 
 tigon::Batch ToEngineBatch(const v1::Batch& batch) {
@@ -102,7 +132,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
       bool supported = false;
       for (const auto& f : model_families) supported |= (f == family);
       if (!supported) {
-        return Invalid("model_type \"" + family + "\" is not supported; supported: " + Join(model_families));
+        return Invalid("model_type \"" + ClientText(family) + "\" is not supported; supported: " + Join(model_families));
       }
       options->config_json = request.config_json();
       break;

@@ -26,6 +26,14 @@ grpc::Status ValidateBatchShape(int64_t rows, int64_t seq_len, const BatchLimits
 
 tigon::Batch ToEngineBatch(const v1::Batch& batch);
 
+// A session id as CreateSession returns it: not empty, at most kMaxSessionIdBytes of letters, digits,
+// '.', '_' and '-'. INVALID_ARGUMENT otherwise, before the id is looked up (or logged).
+inline constexpr size_t kMaxSessionIdBytes = 64;
+grpc::Status ValidateSessionId(const std::string& session_id);
+// A request_id (the client's idempotency key; empty means none): at most kMaxRequestIdBytes.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+grpc::Status ValidateRequestId(const std::string& request_id);
+
 // The settings that are set, by the engine's rule (tigon::CheckOptimizerSettings).
 grpc::Status ValidateOptimizerSettings(const v1::OptimizerSettings& settings);
 tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& settings);

@@ -1,5 +1,6 @@
 // Checkpoints through engine.h: exact resume in a fresh process, atomic replacement, Hugging Face-loadable
 // weights, and refusals that leave the session unchanged.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -179,6 +180,39 @@ TEST(Checkpoint, SavingWithPendingGradientsIsRefused) {
   Status status = session->SaveCheckpoint(dir + "/ckpt");
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
   EXPECT_FALSE(fs::exists(dir + "/ckpt"));
+  fs::remove_all(dir);
+}
+
+// The save goes through the parent's descriptor: the path swapped for a link to elsewhere after the
+// folder was opened, and links planted at the temporary names, change nothing about where files land.
+TEST(Checkpoint, SavesGoThroughTheHeldFolderWhateverLinksAreSwappedIn) {
+  const std::string dir = TempDir("held");
+  fs::create_directories(dir + "/run");
+  fs::create_directories(dir + "/elsewhere");
+  auto session = MakeSession(TinyOptions());
+  const int parent = ::open((dir + "/run").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(parent, 0);
+  fs::rename(dir + "/run", dir + "/moved");
+  fs::create_directory_symlink(dir + "/elsewhere", dir + "/run");
+  for (int n = 0; n < 8; ++n) {
+    fs::create_directory_symlink(dir + "/elsewhere",
+                                 dir + "/moved/ckpt.tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+  }
+  Status status = session->SaveCheckpointAt(parent, "ckpt", "'ckpt'");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ::close(parent);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/moved/ckpt/model.safetensors"));
+  EXPECT_TRUE(fs::is_empty(dir + "/elsewhere"));
+  // A link at the final name is replaced by the checkpoint, never written through.
+  fs::create_directory_symlink(dir + "/elsewhere", dir + "/moved/linked");
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/moved/linked").ok());
+  EXPECT_FALSE(fs::is_symlink(dir + "/moved/linked"));
+  EXPECT_TRUE(fs::is_empty(dir + "/elsewhere"));
+  // Loading does not follow a link inside the checkpoint folder.
+  fs::remove(dir + "/moved/ckpt/model.safetensors");
+  fs::create_symlink(dir + "/moved/linked/model.safetensors", dir + "/moved/ckpt/model.safetensors");
+  status = session->LoadCheckpoint(dir + "/moved/ckpt");
+  EXPECT_FALSE(status.ok());
   fs::remove_all(dir);
 }
 

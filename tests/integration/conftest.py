@@ -42,12 +42,12 @@ def server_binary():
 class ServerProcess:
     """tigon-server started with --listen=127.0.0.1:0; the bound ports are read from its stdout."""
 
-    def __init__(self, tmp_path, *flags, name="server"):
+    def __init__(self, tmp_path, *flags, name="server", preexec_fn=None):
         self.log_path = os.path.join(tmp_path, f"{name}.log")
         self.flags = ["--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--log-level=debug", *flags]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([server_binary(), *self.flags], stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True)
+                                     stderr=self._log, text=True, preexec_fn=preexec_fn)
         self.address = None
         self.metrics_url = None
         lines = []
@@ -99,8 +99,8 @@ def start_server(tmp_path):
     """start_server(*flags) -> ServerProcess; every server is stopped at the end of the test."""
     servers = []
 
-    def start(*flags, name=None):
-        server = ServerProcess(str(tmp_path), *flags, name=name or f"server{len(servers)}")
+    def start(*flags, name=None, preexec_fn=None):
+        server = ServerProcess(str(tmp_path), *flags, name=name or f"server{len(servers)}", preexec_fn=preexec_fn)
         servers.append(server)
         return server
 

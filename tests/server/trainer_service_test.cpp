@@ -3,8 +3,11 @@
 // deadlines, auth, checkpoint paths, error mapping and metrics.
 #include "server/trainer_service.h"
 
+#include "server/parse_errors.h"
 #include "server/validation.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -167,15 +170,19 @@ class FakeSession : public tigon::Session {
     accumulated_ = 0;
     return {};
   }
-  tigon::Status SaveCheckpoint(const std::string& dir) override {
+  // The folders handed over, by where their descriptors lead.
+  static std::string PathOf(int fd) {
+    return std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd)).string();
+  }
+  tigon::Status SaveCheckpointAt(int parent_fd, const std::string& name, const std::string&) override {
     std::lock_guard<std::mutex> lock(engine_->mu);
-    engine_->saved.push_back(dir);
-    std::filesystem::create_directories(dir);
+    engine_->saved.push_back(PathOf(parent_fd) + "/" + name);
+    ::mkdirat(parent_fd, name.c_str(), 0755);
     return {};
   }
-  tigon::Status LoadCheckpoint(const std::string& dir) override {
+  tigon::Status LoadCheckpointAt(int dir_fd, const std::string&) override {
     std::lock_guard<std::mutex> lock(engine_->mu);
-    engine_->loaded.push_back(dir);
+    engine_->loaded.push_back(PathOf(dir_fd));
     step_ = 100;
     return {};
   }
@@ -269,6 +276,7 @@ class TrainerServiceTest : public testing::Test {
     service_ = std::make_unique<TrainerService>(config, api, std::move(auth), root, &metrics_);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
+    builder.experimental().SetInterceptorCreators(RequestInterceptors());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     stub_ = v1::Trainer::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));

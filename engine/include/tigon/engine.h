@@ -237,12 +237,19 @@ class Session {
   virtual Status DiscardGradients() = 0;
 
   // A Hugging Face-loadable folder (config.json, model.safetensors) plus optimizer.safetensors and
-  // trainer_state.json; written under a temporary name and renamed, so `dir` is either the old
-  // checkpoint or the complete new one.
-  virtual Status SaveCheckpoint(const std::string& dir) = 0;
-  // Loads weights, and optimizer state and step when present. Fails without changing the session when
+  // trainer_state.json, named `name` (one path component) inside the folder open as `parent_fd`; written
+  // into a temporary folder beside it and swapped in, so `name` is either the old checkpoint or the
+  // complete new one. Every file is created through descriptors held for the whole save, never through
+  // a path looked up again, so a symbolic link swapped in meanwhile cannot send it elsewhere. `label`
+  // names the checkpoint in messages. A full disk is kResourceExhausted.
+  virtual Status SaveCheckpointAt(int parent_fd, const std::string& name, const std::string& label) = 0;
+  // Loads weights, and optimizer state and step when present, from the folder open as `dir_fd`; its
+  // files are opened relative to it and never through a link. Fails without changing the session when
   // the checkpoint does not match the model.
-  virtual Status LoadCheckpoint(const std::string& dir) = 0;
+  virtual Status LoadCheckpointAt(int dir_fd, const std::string& label) = 0;
+  // The same by path: `dir`'s parent folders are created when missing.
+  Status SaveCheckpoint(const std::string& dir);
+  Status LoadCheckpoint(const std::string& dir);
 };
 
 Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session);

@@ -1,98 +1,181 @@
 #include "checkpoint/atomic_dir.h"
 
+#include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <linux/fs.h>
-#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <stdexcept>
 #include <system_error>
-
-namespace fs = std::filesystem;
+#include <vector>
 
 namespace tigon::engine {
 namespace {
 
-[[noreturn]] void ThrowErrno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
+[[noreturn]] void ThrowErrno(const std::string& what, int error = errno) {
+  throw std::system_error(error, std::generic_category(), what);
 }
 
-void FsyncPath(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) ThrowErrno("cannot open " + path + " to flush it");
-  if (::fsync(fd) != 0) {
-    int saved = errno;
-    ::close(fd);
-    errno = saved;
-    ThrowErrno("cannot flush " + path);
+// One path component: the descriptor-relative calls below must not walk through other folders.
+void CheckComponent(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    ThrowErrno("'" + name + "' is not a plain file name", EINVAL);
   }
-  ::close(fd);
 }
 
-std::string ParentOf(const std::string& path) {
-  fs::path p = fs::absolute(fs::path(path)).lexically_normal();
-  if (!p.has_filename()) p = p.parent_path();
-  return p.parent_path().string();
+void Fsync(int fd, const std::string& what) {
+  if (::fsync(fd) != 0) ThrowErrno("cannot flush " + what);
+}
+
+bool SameFile(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
+
+void RemoveContents(int dir_fd) {
+  const int copy = ::dup(dir_fd);
+  if (copy < 0) return;
+  DIR* dir = ::fdopendir(copy);
+  if (dir == nullptr) {
+    ::close(copy);
+    return;
+  }
+  std::vector<std::string> names;
+  while (struct dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  for (const auto& name : names) RemoveTreeAt(dir_fd, name);
 }
 
 }  // namespace
 
-std::string MakeTempSiblingDir(const std::string& final_dir) {
-  static std::atomic<int> counter{0};
-  std::string base = fs::absolute(fs::path(final_dir)).lexically_normal().string();
-  while (base.size() > 1 && base.back() == '/') base.pop_back();
-  std::error_code ec;
-  fs::create_directories(ParentOf(base), ec);
-  if (ec) throw std::runtime_error("cannot create " + ParentOf(base) + ": " + ec.message());
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string candidate = base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    if (::mkdir(candidate.c_str(), 0755) == 0) return candidate;
-    if (errno != EEXIST) ThrowErrno("cannot create " + candidate);
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
   }
-  throw std::runtime_error("cannot find a free temporary name next to " + base);
+  return *this;
 }
 
-void PublishDirectory(const std::string& temp_dir, const std::string& final_dir) {
-  std::string target = fs::absolute(fs::path(final_dir)).lexically_normal().string();
-  while (target.size() > 1 && target.back() == '/') target.pop_back();
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+StatusCode StatusCodeForErrno(int error) {
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return StatusCode::kResourceExhausted;
+    case ENOENT:
+      return StatusCode::kNotFound;
+    case ELOOP:
+    case EINVAL:
+    case ENOTDIR:
+    case ENAMETOOLONG:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kInternal;
+  }
+}
+
+TempDir MakeTempDir(int parent_fd, const std::string& name) {
+  CheckComponent(name);
+  static std::atomic<int> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string candidate = name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    if (::mkdirat(parent_fd, candidate.c_str(), 0755) != 0) {
+      if (errno == EEXIST) continue;  // a leftover, or a name someone else took: try the next one
+      ThrowErrno("cannot create the temporary folder " + candidate);
+    }
+    TempDir temp{UniqueFd(::openat(parent_fd, candidate.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)),
+                 candidate};
+    if (temp.fd.get() < 0) ThrowErrno("cannot open the temporary folder " + candidate);
+    return temp;
+  }
+  ThrowErrno("cannot find a free temporary name next to " + name, EEXIST);
+}
+
+UniqueFd CreateFileAt(int dir_fd, const std::string& file) {
+  CheckComponent(file);
+  UniqueFd fd(::openat(dir_fd, file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (fd.get() < 0) ThrowErrno("cannot create " + file);
+  return fd;
+}
+
+void WriteFileAt(int dir_fd, const std::string& file, const std::string& bytes) {
+  UniqueFd fd = CreateFileAt(dir_fd, file);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ThrowErrno("cannot write " + file);
+    done += static_cast<size_t>(n);
+  }
+  Fsync(fd.get(), file);
+}
+
+UniqueFd OpenFileAt(int dir_fd, const std::string& file) {
+  CheckComponent(file);
+  UniqueFd fd(::openat(dir_fd, file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) ThrowErrno("cannot open " + file);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ThrowErrno("cannot inspect " + file);
+  if (!S_ISREG(st.st_mode)) ThrowErrno(file + " is not a regular file", EINVAL);
+  return fd;
+}
+
+bool RegularFileAt(int dir_fd, const std::string& file) {
+  struct stat st {};
+  return ::fstatat(dir_fd, file.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+void PublishDirectory(int parent_fd, TempDir& temp, const std::string& name) {
+  CheckComponent(name);
   try {
-    for (const auto& entry : fs::directory_iterator(temp_dir)) {
-      if (entry.is_regular_file()) FsyncPath(entry.path().string(), false);
+    // The files were fsynced as they were written; the folder's own entries now.
+    Fsync(temp.fd.get(), temp.name);
+    struct stat written {};
+    if (::fstat(temp.fd.get(), &written) != 0) ThrowErrno("cannot inspect " + temp.name);
+    struct stat existing {};
+    const bool replace = ::fstatat(parent_fd, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0;
+    // A link under the name is replaced (exchanged, then unlinked), never written through.
+    if (replace && !S_ISDIR(existing.st_mode) && !S_ISLNK(existing.st_mode)) {
+      ThrowErrno(name + " exists and is not a folder", ENOTDIR);
     }
-    FsyncPath(temp_dir, true);
-    struct stat st {};
-    if (::stat(target.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) throw std::runtime_error(target + " exists and is not a directory");
-      // Swap atomically: afterwards temp_dir holds the previous checkpoint.
-      if (::syscall(SYS_renameat2, AT_FDCWD, temp_dir.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0)
-        ThrowErrno("cannot swap " + temp_dir + " into " + target);
-      FsyncPath(ParentOf(target), true);
-      RemoveTree(temp_dir);
-    } else {
-      if (::rename(temp_dir.c_str(), target.c_str()) != 0) ThrowErrno("cannot rename " + temp_dir + " to " + target);
-      FsyncPath(ParentOf(target), true);
+    // Swap atomically: afterwards temp.name holds the previous checkpoint. Both names are looked up in
+    // parent_fd alone, and renameat2 never follows a link in the last component.
+    const int flags = replace ? RENAME_EXCHANGE : RENAME_NOREPLACE;
+    if (::syscall(SYS_renameat2, parent_fd, temp.name.c_str(), parent_fd, name.c_str(), flags) != 0) {
+      ThrowErrno("cannot move " + temp.name + " into place as " + name);
     }
+    Fsync(parent_fd, "the folder holding " + name);
+    // Re-check: the folder now under `name` must be the one written (not something swapped in for the
+    // temporary name meanwhile).
+    struct stat published {};
+    if (::fstatat(parent_fd, name.c_str(), &published, AT_SYMLINK_NOFOLLOW) != 0 || !SameFile(published, written)) {
+      ThrowErrno(name + " was replaced while it was being saved", EAGAIN);
+    }
+    if (replace) RemoveTreeAt(parent_fd, temp.name);
   } catch (...) {
-    RemoveTree(temp_dir);
+    RemoveTreeAt(parent_fd, temp.name);
     throw;
   }
 }
 
-namespace {
-int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
-}  // namespace
-
-// POSIX nftw rather than std::filesystem::remove_all: LibTorch 2.11's libtorch.so exports its own copy of
-// remove_all, which crashes (a call through a null pointer) when it wins symbol resolution.
-void RemoveTree(const std::string& path) {
-  ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+// POSIX calls on descriptors rather than std::filesystem::remove_all: LibTorch 2.11's libtorch.so exports
+// its own copy of remove_all, which crashes (a call through a null pointer) when it wins symbol resolution.
+void RemoveTreeAt(int dir_fd, const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) return;
+  if (::unlinkat(dir_fd, name.c_str(), 0) == 0) return;  // a file or a link (never followed)
+  if (errno != EISDIR && errno != EPERM) return;
+  UniqueFd sub(::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (sub.get() < 0) return;
+  RemoveContents(sub.get());
+  ::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR);
 }
 
 }  // namespace tigon::engine

@@ -175,21 +175,21 @@ class DataParallelSession final : public Session {
     return Status::Ok();
   }
 
-  Status SaveCheckpoint(const std::string& dir) override {
+  Status SaveCheckpointAt(int parent_fd, const std::string& name, const std::string& label) override {
     TIGON_RETURN_IF_ERROR(CheckUsable());
     // Every replica holds the same weights and optimizer state.
-    return replicas_[0]->SaveCheckpoint(dir);
+    return replicas_[0]->SaveCheckpointAt(parent_fd, name, label);
   }
 
-  Status LoadCheckpoint(const std::string& dir) override {
+  Status LoadCheckpointAt(int dir_fd, const std::string& label) override {
     TIGON_RETURN_IF_ERROR(CheckUsable());
     // The first replica checks everything before changing anything; the others then read the same files.
-    TIGON_RETURN_IF_ERROR(replicas_[0]->LoadCheckpoint(dir));
+    TIGON_RETURN_IF_ERROR(replicas_[0]->LoadCheckpointAt(dir_fd, label));
     pending_batches_ = 0;
     pending_tokens_ = 0;
     std::vector<Status> statuses(replicas());
     threads_.Run(replicas(), [&](int r) {
-      if (r > 0) statuses[r] = replicas_[r]->LoadCheckpoint(dir);
+      if (r > 0) statuses[r] = replicas_[r]->LoadCheckpointAt(dir_fd, label);
     });
     for (int r = 1; r < replicas(); ++r) {
       if (!statuses[r].ok()) {

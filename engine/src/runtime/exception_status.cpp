@@ -4,7 +4,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
+#include "checkpoint/atomic_dir.h"
 #include "models/model.h"
 #include "runtime/device_memory.h"
 
@@ -20,6 +22,9 @@ Status StatusFromException(const std::exception& e, const torch::Device& device,
     return Status(StatusCode::kResourceExhausted,
                   memory + " exhausted on " + device.str() + " during " + call +
                       "; the step was not applied: " + what.substr(0, 400));
+  }
+  if (const auto* io = dynamic_cast<const std::system_error*>(&e)) {
+    return Status(StatusCodeForErrno(io->code().value()), std::string(call) + " failed: " + what);
   }
   if (dynamic_cast<const models::ModelError*>(&e) != nullptr ||
       dynamic_cast<const std::invalid_argument*>(&e) != nullptr) {

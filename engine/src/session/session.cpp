@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "checkpoint/atomic_dir.h"
+#include "checkpoint/checkpoint_files.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "parallel/replica.h"
@@ -54,12 +56,6 @@ nlohmann::json ReadJsonFile(const std::string& path) {
   }
 }
 
-void WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
 
 // With the optimizer in backward, CUDA updates run on their own stream unless TIGON_OPTIMIZER_UPDATE_STREAM=0
 // (kept for measuring the overlap; the results are the same either way).
@@ -205,42 +201,42 @@ class SessionImpl final : public ReplicaSession {
     return Status::Ok();
   }
 
-  Status SaveCheckpoint(const std::string& dir) override {
-    if (dir.empty()) return Status(StatusCode::kInvalidArgument, "checkpoint path is empty");
+  Status SaveCheckpointAt(int parent_fd, const std::string& name, const std::string& label) override {
+    if (name.empty()) return Status(StatusCode::kInvalidArgument, "checkpoint path is empty");
     TIGON_RETURN_IF_ERROR(CheckNotBroken());
     if (pending_batches_ > 0) {
       return Status(StatusCode::kFailedPrecondition,
                     "the session has gradients from " + std::to_string(pending_batches_) +
                         " forward_backward call(s) not yet applied; call optim_step before saving");
     }
-    std::string temp;
     try {
-      temp = MakeTempSiblingDir(dir);
-      models::SavePretrained(*model_, temp);
-      std::map<std::string, torch::Tensor> state{{"exp_avg", flat_->exp_avg()},
-                                                 {"exp_avg_sq", flat_->exp_avg_sq()}};
-      if (flat_->master().defined()) state["master"] = flat_->master();
-      models::WriteSafetensors(temp + "/optimizer.safetensors", state,
-                               {{"format", "tigon-flat-adamw"}, {"step", std::to_string(step_)}});
-      WriteTextFile(temp + "/trainer_state.json", TrainerState().dump(1));
-      PublishDirectory(temp, dir);
-      Logf(LogLevel::kInfo, "saved checkpoint at step ", step_, " to ", dir);
+      CheckpointContents contents;
+      contents.config_json = models::SavedConfigText(*model_);
+      contents.model = model_->StateDict();
+      contents.optimizer = {{"exp_avg", flat_->exp_avg()}, {"exp_avg_sq", flat_->exp_avg_sq()}};
+      if (flat_->master().defined()) contents.optimizer["master"] = flat_->master();
+      contents.optimizer_metadata = {{"format", "tigon-flat-adamw"}, {"step", std::to_string(step_)}};
+      contents.trainer_state = TrainerState().dump(1);
+      WriteCheckpoint(parent_fd, name, contents);
+      Logf(LogLevel::kInfo, "saved checkpoint at step ", step_, " to ", label);
       return Status::Ok();
+    } catch (const std::system_error& e) {
+      // A full disk is kResourceExhausted, a name held by a file kInvalidArgument (StatusCodeForErrno).
+      return Status(StatusCodeForErrno(e.code().value()), "saving checkpoint " + label + " failed: " + e.what());
     } catch (const std::exception& e) {
-      if (!temp.empty()) RemoveTree(temp);
-      return Status(StatusCode::kInternal, "saving checkpoint to " + dir + " failed: " + e.what());
+      const Status status = StatusFromException(e, device_, "save_checkpoint");
+      return Status(status.code() == StatusCode::kResourceExhausted ? status.code() : StatusCode::kInternal,
+                    "saving checkpoint " + label + " failed: " + status.message());
     }
   }
 
-  Status LoadCheckpoint(const std::string& dir) override {
-    namespace fs = std::filesystem;
-    if (!fs::is_directory(dir)) return Status(StatusCode::kNotFound, "no checkpoint directory at " + dir);
-    if (!fs::exists(dir + "/config.json"))
+  Status LoadCheckpointAt(int dir_fd, const std::string& dir) override {
+    if (!RegularFileAt(dir_fd, "config.json"))
       return Status(StatusCode::kNotFound, "no config.json in checkpoint " + dir);
     try {
       c10::DeviceGuard guard(device_);
       // Read and check everything before touching the session.
-      auto config = models::ModelConfig::FromJson(ReadJsonFile(dir + "/config.json"));
+      auto config = models::ModelConfig::FromJson(ReadJsonAt(dir_fd, "config.json", dir));
       const auto& mine = model_->config();
       if (config.family != mine.family || config.vocab_size != mine.vocab_size ||
           config.hidden_size != mine.hidden_size || config.num_hidden_layers != mine.num_hidden_layers ||
@@ -254,12 +250,12 @@ class SessionImpl final : public ReplicaSession {
                           std::to_string(mine.hidden_size) + ", " + std::to_string(mine.num_hidden_layers) +
                           " layers)");
       }
-      auto tensors = ReadModelTensors(dir);
+      auto tensors = ReadModelTensorsAt(dir_fd, dir);
       std::map<std::string, torch::Tensor> optimizer;
       nlohmann::json trainer;
-      const bool has_optimizer = fs::exists(dir + "/optimizer.safetensors");
+      const bool has_optimizer = RegularFileAt(dir_fd, "optimizer.safetensors");
       if (has_optimizer) {
-        optimizer = models::ReadSafetensors(dir + "/optimizer.safetensors");
+        optimizer = ReadSafetensorsAt(dir_fd, "optimizer.safetensors", dir);
         for (const char* key : {"exp_avg", "exp_avg_sq"}) {
           auto it = optimizer.find(key);
           if (it == optimizer.end() || it->second.numel() != flat_->numel())
@@ -268,7 +264,7 @@ class SessionImpl final : public ReplicaSession {
                               " is missing or does not match this session's " +
                               std::to_string(flat_->numel()) + " parameters");
         }
-        if (fs::exists(dir + "/trainer_state.json")) trainer = ReadJsonFile(dir + "/trainer_state.json");
+        if (RegularFileAt(dir_fd, "trainer_state.json")) trainer = ReadJsonAt(dir_fd, "trainer_state.json", dir);
       }
       for (const auto& slot : flat_->slots()) {
         auto it = tensors.find(slot.name);
@@ -331,21 +327,6 @@ class SessionImpl final : public ReplicaSession {
     for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
     out << "]";
     return out.str();
-  }
-
-  static std::map<std::string, torch::Tensor> ReadModelTensors(const std::string& dir) {
-    namespace fs = std::filesystem;
-    if (fs::exists(dir + "/model.safetensors")) return models::ReadSafetensors(dir + "/model.safetensors");
-    const std::string index_path = dir + "/model.safetensors.index.json";
-    if (!fs::exists(index_path)) throw models::ModelError("no model.safetensors or index in " + dir);
-    auto index = ReadJsonFile(index_path);
-    std::map<std::string, torch::Tensor> out;
-    std::set<std::string> files;
-    for (const auto& [name, file] : index.at("weight_map").items()) files.insert(file.get<std::string>());
-    for (const auto& file : files) {
-      for (auto& [name, tensor] : models::ReadSafetensors(dir + "/" + file)) out[name] = tensor;
-    }
-    return out;
   }
 
   nlohmann::json TrainerState() const {
