@@ -70,8 +70,8 @@ bool MetricsEndpoint::Start(const std::string& address, const TokenAuthenticator
   callbacks.begin_request = CheckScraper;
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(std::move(options), scrapers.enabled() ? &callbacks : nullptr);
-  } catch (const std::exception&) {
-    *error = "cannot listen for metrics on " + address;
+  } catch (const std::exception& e) {
+    *error = "cannot listen for metrics on " + address + ": " + e.what();
     return false;
   }
   const std::vector<int> ports = exposer_->GetListeningPorts();
