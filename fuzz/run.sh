@@ -4,7 +4,7 @@
 #
 #   fuzz/run.sh [SECONDS]          every target, SECONDS each (default 60); exit 1 on any crash
 #   fuzz/run.sh SECONDS TARGET...  only those targets (fuzz_safetensors, fuzz_config, fuzz_request,
-#                                  fuzz_checkpoint_path)
+#                                  fuzz_checkpoint_path, fuzz_server_files)
 #   TIGON_FUZZ_MERGE=1 fuzz/run.sh adds the new inputs that cover more code to fuzz/corpus/ (commit them
 #                                  when the corpus stays small; it must stay under 1 MB in all)
 #
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(fuzz_safetensors fuzz_config fuzz_request fuzz_checkpoint_path)
+((${#TARGETS[@]})) || TARGETS=(fuzz_safetensors fuzz_config fuzz_request fuzz_checkpoint_path fuzz_server_files)
 BUILD_DIR=${TIGON_FUZZ_BUILD_DIR:-build-fz}
 JOBS=${TIGON_JOBS:-$(nproc)}
 

@@ -138,13 +138,19 @@ std::string Join(const std::vector<std::string>& items) {
   return out;
 }
 
-// Sizes are capped so that products of two of them stay inside int64 and nothing sized by a config
-// value (one entry per layer) can be a huge allocation: token ids travel as int32 anyway, and no model
-// has anywhere near 2^16 layers.
-constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
-constexpr int64_t kMaxLayers = int64_t{1} << 16;
+// Caps far past every released model (the largest have a 262,144-token vocabulary, hidden 16,384 to
+// 25,600, intermediate 73,728, 126 layers, 128 heads of at most 256): a config past one is a mistake or
+// an attack, refused before anything is sized by it. Under the caps no product of sizes overflows int64;
+// whether the model fits the device is the engine's memory estimate's to say, before it allocates.
+constexpr int64_t kMaxVocabulary = int64_t{1} << 22;
+constexpr int64_t kMaxHidden = int64_t{1} << 16;
+constexpr int64_t kMaxIntermediate = int64_t{1} << 18;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxPositions = int64_t{1} << 26;
 
-void RequirePositive(int64_t value, const char* key, int64_t max_value = kMaxSize) {
+void RequirePositive(int64_t value, const char* key, int64_t max_value) {
   if (value <= 0) {
     throw ModelError("config: field '" + std::string(key) + "' must be positive, got " + std::to_string(value));
   }
@@ -199,13 +205,13 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
   config.intermediate_size = RequireInt(json, "intermediate_size");
   config.num_hidden_layers = RequireInt(json, "num_hidden_layers");
   config.num_attention_heads = RequireInt(json, "num_attention_heads");
-  RequirePositive(config.vocab_size, "vocab_size");
-  RequirePositive(config.hidden_size, "hidden_size");
-  RequirePositive(config.intermediate_size, "intermediate_size");
+  RequirePositive(config.vocab_size, "vocab_size", kMaxVocabulary);
+  RequirePositive(config.hidden_size, "hidden_size", kMaxHidden);
+  RequirePositive(config.intermediate_size, "intermediate_size", kMaxIntermediate);
   RequirePositive(config.num_hidden_layers, "num_hidden_layers", kMaxLayers);
-  RequirePositive(config.num_attention_heads, "num_attention_heads");
+  RequirePositive(config.num_attention_heads, "num_attention_heads", kMaxHeads);
   config.num_key_value_heads = IntOr(json, "num_key_value_heads", config.num_attention_heads);
-  RequirePositive(config.num_key_value_heads, "num_key_value_heads");
+  RequirePositive(config.num_key_value_heads, "num_key_value_heads", kMaxHeads);
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
     throw ModelError("config: num_attention_heads (" + std::to_string(config.num_attention_heads) +
                      ") must be a multiple of num_key_value_heads (" + std::to_string(config.num_key_value_heads) +
@@ -224,8 +230,10 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json) {
     }
     config.head_dim = config.hidden_size / config.num_attention_heads;
   }
-  RequirePositive(config.head_dim, "head_dim");
+  RequirePositive(config.head_dim, "head_dim", kMaxHeadDim);
+  // A limit of 0 or less would turn the sequence-length check off; absent means 2048.
   config.max_position_embeddings = IntOr(json, "max_position_embeddings", 2048);
+  RequirePositive(config.max_position_embeddings, "max_position_embeddings", kMaxPositions);
   config.rms_norm_eps = DoubleOr(json, "rms_norm_eps", 1e-6, "config");
   if (!(config.rms_norm_eps >= 0)) throw ModelError("config: rms_norm_eps must be non-negative");
   config.initializer_range = DoubleOr(json, "initializer_range", 0.02, "config");

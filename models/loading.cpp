@@ -8,6 +8,7 @@
 
 #include "models/model.h"
 #include "models/safetensors.h"
+#include "common/bounded_json.h"
 
 namespace tigon::models {
 namespace {
@@ -15,12 +16,10 @@ namespace {
 namespace fs = std::filesystem;
 
 nlohmann::json ReadJsonFile(const fs::path& path) {
-  std::ifstream file(path);
-  if (!file) throw ModelError(path.string() + ": cannot open for reading");
   try {
-    return nlohmann::json::parse(file);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(path.string() + ": malformed JSON: " + e.what());
+    return ReadBoundedJsonFile(path.string());
+  } catch (const JsonInputError& e) {
+    throw ModelError(e.what());
   }
 }
 

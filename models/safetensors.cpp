@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/bounded_json.h"
 #include "models/model.h"
 
 namespace tigon::models {
@@ -149,8 +150,8 @@ Header ParseHeader(const std::string& path, ByteSource& source) {
 
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
+    json = ParseBoundedJson(text);
+  } catch (const JsonInputError& e) {  // syntax, depth, and out_of_range for numbers like 1e999
     throw ModelError(path + ": malformed header JSON: " + e.what());
   }
   if (!json.is_object()) {

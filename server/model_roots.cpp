@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/bounded_json.h"
 #include "server/checkpoint_paths.h"
 
 namespace tigon::server {
@@ -100,23 +101,13 @@ grpc::Status CheckWeights(const std::string& dir, const std::string& root) {
       return Refused(grpc::StatusCode::FAILED_PRECONDITION,
                      "the model's model.safetensors.index.json is not a regular file");
   }
-  const nlohmann::json index = nlohmann::json::parse(index_text, nullptr, /*allow_exceptions=*/false);
-  const char* const kBadIndex =
-      "the model's model.safetensors.index.json is not valid: it needs a \"weight_map\" object of shard file names";
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-      !index["weight_map"].is_object()) {
-    return Refused(grpc::StatusCode::FAILED_PRECONDITION, kBadIndex);
-  }
   std::set<std::string> shards;
-  for (const auto& [name, shard] : index["weight_map"].items()) {
-    if (!shard.is_string()) return Refused(grpc::StatusCode::FAILED_PRECONDITION, kBadIndex);
-    shards.insert(shard.get<std::string>());
+  if (!ParseShardIndex(index_text, &shards)) {
+    return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                   "the model's model.safetensors.index.json is not valid: it needs a \"weight_map\" object of "
+                   "relative shard file names");
   }
   for (const std::string& shard : shards) {
-    if (shard.empty() || shard[0] == '/' || shard.find('\0') != std::string::npos) {
-      return Refused(grpc::StatusCode::FAILED_PRECONDITION,
-                     "the model's model.safetensors.index.json lists a shard that is not a relative file name");
-    }
     switch (CheckFile(dir + "/" + shard, root, 0, nullptr)) {
       case FileCheck::kOk:
         break;
@@ -131,6 +122,22 @@ grpc::Status CheckWeights(const std::string& dir, const std::string& root) {
 }
 
 }  // namespace
+
+bool ParseShardIndex(const std::string& text, std::set<std::string>* shards) {
+  shards->clear();
+  const nlohmann::json index = ParseBoundedJsonOrDiscard(text);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    return false;
+  }
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    if (!shard.is_string()) return false;
+    const std::string file = shard.get<std::string>();
+    if (file.empty() || file[0] == '/' || file.find('\0') != std::string::npos) return false;
+    shards->insert(file);
+  }
+  return true;
+}
 
 bool ModelRoots::Open(const std::vector<std::string>& dirs, ModelRoots* out, std::string* error) {
   ModelRoots roots;

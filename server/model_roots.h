@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ class ModelRoots {
  private:
   std::vector<std::string> roots_;
 };
+
+// model.safetensors.index.json -> the shard files of its weight_map. false unless the text is bounded JSON
+// (common/bounded_json.h) with a weight_map object whose values are relative file names.
+bool ParseShardIndex(const std::string& text, std::set<std::string>* shards);
 
 class CheckpointRoot;
 struct Caller;

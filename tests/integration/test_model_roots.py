@@ -140,3 +140,26 @@ def test_without_a_model_root_model_path_reaches_only_the_callers_checkpoints(st
     bare = start_server(name="bare").client()
     message = refusal(bare, str(models / "llama"), tigon.FailedPrecondition)
     assert "--model-root" in message and "config_json" in message
+
+
+def test_deeply_nested_json_in_a_model_folder_is_refused_and_the_server_lives(start_server, layout):
+    """config.json and model.safetensors.index.json are parsed with a depth bound: 100,000 levels of
+    nesting once overflowed the stack in a recursive copy, ending the server and every session in it."""
+    import json
+    models, _ = layout
+    deep = "[" * 100_000 + "]" * 100_000
+    shutil.copytree(models / "llama", models / "deep_config")
+    config = json.loads((models / "llama" / "config.json").read_text())
+    (models / "deep_config" / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + deep + "}")
+    shutil.copytree(models / "llama", models / "deep_index")
+    (models / "deep_index" / "model.safetensors").unlink()
+    (models / "deep_index" / "model.safetensors.index.json").write_text('{"weight_map": ' + deep + "}")
+    server = start_server(f"--model-root={models}")
+    client = server.client()
+    with client.create_session("llama", precision="fp32") as bystander:
+        for name in ("deep_config", "deep_index"):
+            with pytest.raises((tigon.InvalidArgument, tigon.FailedPrecondition)) as info:
+                client.create_session(name, precision="fp32").close()
+            assert "index" in info.value.message or "config.json" in info.value.message, info.value.message
+        assert bystander.info().model_family == "llama", "the server and its sessions outlived the requests"
+    assert server.proc.poll() is None

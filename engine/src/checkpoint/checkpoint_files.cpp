@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "checkpoint/atomic_dir.h"
+#include "common/bounded_json.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 
@@ -70,8 +71,8 @@ void WriteCheckpoint(int parent_fd, const std::string& name, const CheckpointCon
 nlohmann::json ReadJsonAt(int dir_fd, const std::string& file, const std::string& label) {
   MappedFile mapped(dir_fd, file);
   try {
-    return nlohmann::json::parse(mapped.data(), mapped.data() + mapped.size());
-  } catch (const nlohmann::json::exception& e) {
+    return ParseBoundedJson(std::string_view(mapped.data(), mapped.size()));
+  } catch (const JsonInputError& e) {
     throw models::ModelError("malformed JSON in " + file + " of checkpoint " + label + ": " + e.what());
   }
 }
