@@ -3,13 +3,18 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -25,6 +30,7 @@
 #include "server/options.h"
 #include "server/tls.h"
 #include "server/trainer_service.h"
+#include "tigon/cpu_memory_limit.h"
 #include "tigon/engine.h"
 
 #ifndef TIGON_VERSION
@@ -60,6 +66,37 @@ void ConfigureLogging(const std::string& level) {
 }
 
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// Why gRPC could not listen on `listen` (it says nothing itself): a bind of the same address, whose
+// error names the cause ("Address already in use" for a port another process holds).
+std::string ListenProblem(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return "it is not HOST:PORT";
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return std::string("the address does not resolve: ") + gai_strerror(rc);
+  }
+  std::string problem = "gRPC refused it";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // as gRPC binds
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      problem = std::strerror(errno);
+      if (errno == EADDRINUSE) problem += " (another process, perhaps another tigon-server, holds the port)";
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return problem;
+}
 
 int Run(const ServerOptions& options) {
   // SIGTERM/SIGINT are blocked in every thread (gRPC's included, which inherit the mask) and taken
@@ -133,7 +170,8 @@ int Run(const ServerOptions& options) {
   builder.SetMaxSendMessageSize(-1);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    spdlog::critical("cannot listen on {}", options.listen);
+    spdlog::critical("cannot listen on {}: {}; choose another with --listen", options.listen,
+                     ListenProblem(options.listen));
     return 2;
   }
   const std::string address = HostOf(options.listen) + ":" + std::to_string(port);
@@ -160,8 +198,8 @@ int Run(const ServerOptions& options) {
   if (!metrics_address.empty()) std::printf("tigon-server metrics on http://%s/metrics\n", metrics_address.c_str());
   std::fflush(stdout);
   spdlog::info(
-      "tigon-server {} (engine {}) listening on {} ({}); model families: {}; devices: {}; auth {}; "
-      "checkpoints {}; model roots {}; metrics scrape {}",
+      "tigon-server {} (engine {}) listening on {} ({}); model families: {}; {}; CPU tensor memory cap {}; "
+      "auth {}; checkpoints {}; model roots {}; metrics scrape {}",
       TIGON_VERSION, engine.engine_version, address,
       options.tls_cert.empty() ? "plaintext" : (options.tls_client_ca.empty() ? "TLS" : "mutual TLS"),
       [&] {
@@ -169,7 +207,15 @@ int Run(const ServerOptions& options) {
         for (auto& f : engine.model_families) s += (s.empty() ? "" : ",") + f;
         return s;
       }(),
-      engine.list_devices().size(),
+      [&] {
+        const size_t devices = engine.list_devices().size();
+        return devices == 0 ? std::string("no CUDA devices (sessions run on the CPU)")
+                            : fmt::format("{} CUDA device(s)", devices);
+      }(),
+      [] {
+        const tigon::CpuMemoryUsage cpu = tigon::GetCpuMemoryUsage();
+        return cpu.limit_bytes > 0 ? fmt::format("{:.1f} GiB", cpu.limit_bytes / double(1 << 30)) : std::string("off");
+      }(),
       auth_tokens == 0 ? std::string("off")
                        : fmt::format("on ({} tokens, {} admin)", auth_tokens, auth_admins),
       checkpoints.enabled() ? checkpoints.root() : std::string("disabled"),
@@ -218,6 +264,9 @@ int main(int argc, char** argv) {
   std::string error;
   switch (tigon::server::ParseServerOptions(std::vector<std::string>(argv + 1, argv + argc), &options, &error)) {
     case tigon::server::ParseOutcome::kExitOk:
+      return 0;
+    case tigon::server::ParseOutcome::kPrintVersion:
+      std::printf("tigon-server %s (engine %s)\n", TIGON_VERSION, tigon::EngineVersion().c_str());
       return 0;
     case tigon::server::ParseOutcome::kExitError:
       std::fprintf(stderr, "tigon-server: %s\n", error.c_str());

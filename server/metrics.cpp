@@ -86,6 +86,10 @@ class Metrics::DeviceCollector final : public prometheus::Collectable {
                                    prometheus::MetricType::Gauge, {}};
     prometheus::MetricFamily used{"tigon_device_memory_used_bytes", "Device memory in use (total - free).",
                                   prometheus::MetricType::Gauge, {}};
+    prometheus::MetricFamily reserved{"tigon_device_memory_reserved_bytes",
+                                      "Device memory this server's caching allocator holds: tensors and cached "
+                                      "blocks (given back when a session closes).",
+                                      prometheus::MetricType::Gauge, {}};
     for (const auto& d : devices) {
       prometheus::ClientMetric metric;
       metric.label = {{"device", std::to_string(d.index)}};
@@ -93,8 +97,10 @@ class Metrics::DeviceCollector final : public prometheus::Collectable {
       total.metric.push_back(metric);
       metric.gauge.value = static_cast<double>(d.total_bytes - d.free_bytes);
       used.metric.push_back(metric);
+      metric.gauge.value = static_cast<double>(d.reserved_bytes);
+      reserved.metric.push_back(metric);
     }
-    return {total, used};
+    return {total, used, reserved};
   }
 
  private:

@@ -168,6 +168,7 @@ std::string HelpText() {
     out << "  --" << flag.name << " " << flag.value_name << "\n      " << flag.help << "\n";
   }
   out << "  --help\n      print this text and exit\n";
+  out << "  --version\n      print the server's and the engine's versions and exit\n";
   return out.str();
 }
 
@@ -178,6 +179,7 @@ ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOpti
       std::cout << HelpText();
       return ParseOutcome::kExitOk;
     }
+    if (arg == "--version") return ParseOutcome::kPrintVersion;
     if (arg.rfind("--", 0) != 0) {
       *error = "unexpected argument '" + arg + "' (see --help)";
       return ParseOutcome::kExitError;

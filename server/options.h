@@ -34,10 +34,11 @@ struct ServerOptions {
   std::string tls_client_ca;
 };
 
-enum class ParseOutcome { kRun, kExitOk, kExitError };
+enum class ParseOutcome { kRun, kExitOk, kExitError, kPrintVersion };
 
 // Parses "--flag value" and "--flag=value". On --help prints HelpText() to stdout and returns
-// kExitOk; on a bad flag writes the reason to `error` and returns kExitError.
+// kExitOk; --version returns kPrintVersion (the caller knows the version); on a bad flag writes the
+// reason to `error` and returns kExitError.
 ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOptions* options, std::string* error);
 
 std::string HelpText();

@@ -1,9 +1,9 @@
 #include "server/validation.h"
 
+#include "common/bounded_json.h"
 #include "server/client_text.h"
 
 #include <cmath>
-#include <iomanip>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -88,42 +88,16 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& s) {
   return out;
 }
 
-double EstimateParameterCount(const std::string& config_json) {
-  nlohmann::json config = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) return -1;
-  auto size = [&](const char* key, double fallback) -> double {
-    auto it = config.find(key);
-    if (it == config.end() || it->is_null()) return fallback;
-    if (!it->is_number()) return -1;
-    // Integral floats count too: the engine accepts sizes written as 4096.0 (or 1e12).
-    const double value = it->get<double>();
-    return std::isfinite(value) && value > 0 && std::floor(value) == value ? value : -1;
-  };
-  const double vocab = size("vocab_size", -1), hidden = size("hidden_size", -1),
-               intermediate = size("intermediate_size", -1), layers = size("num_hidden_layers", -1),
-               heads = size("num_attention_heads", -1), kv_heads = size("num_key_value_heads", heads);
-  if (vocab < 0 || hidden < 0 || intermediate < 0 || layers < 0 || heads < 0 || kv_heads < 0) return -1;
-  const bool gemma = config.value("model_type", std::string()) == "gemma";
-  const double head_dim = size("head_dim", gemma ? 256.0 : hidden / heads);
-  if (head_dim < 0) return -1;
-  bool tied = gemma;
-  if (auto it = config.find("tie_word_embeddings"); it != config.end() && it->is_boolean()) tied = it->get<bool>();
-  const double attention = hidden * head_dim * (2 * heads + 2 * kv_heads);  // q, o; k, v
-  const double mlp = 3 * hidden * intermediate;                              // gate, up, down
-  return vocab * hidden * (tied ? 1 : 2) + layers * (attention + mlp + 2 * hidden) + hidden;
-}
-
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
                                    tigon::SessionOptions* options, int64_t max_parameters,
                                    const ModelFolder* model_folder) {
   switch (request.model_case()) {
     case v1::CreateSessionRequest::kConfigJson: {
-      nlohmann::json config = nlohmann::json::parse(request.config_json(), nullptr,
-                                                    /*allow_exceptions=*/false);
-      if (config.is_discarded() || !config.is_object()) {
-        return Invalid("config_json is not a JSON object");
-      }
+      std::string error;
+      nlohmann::json config = ParseBoundedJsonOrDiscard(request.config_json(), &error);
+      if (config.is_discarded()) return Invalid("config_json is not valid JSON: " + ClientText(error));
+      if (!config.is_object()) return Invalid("config_json is not a JSON object");
       auto model_type = config.find("model_type");
       if (model_type == config.end() || !model_type->is_string()) {
         return Invalid("config_json has no \"model_type\" string (e.g. \"llama\")");
@@ -143,8 +117,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
       if (model_folder == nullptr || model_folder->path.empty()) {
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "model_path was not resolved by the server");
       }
-      const nlohmann::json config = nlohmann::json::parse(model_folder->config_json, nullptr,
-                                                          /*allow_exceptions=*/false);
+      const nlohmann::json config = ParseBoundedJsonOrDiscard(model_folder->config_json);
       if (config.is_discarded() || !config.is_object() || !config.contains("model_type") ||
           !config["model_type"].is_string()) {
         return Invalid("the model's config.json is not a JSON object with a \"model_type\" string");
@@ -163,16 +136,7 @@ grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
           "set the model: either config_json (a Hugging Face config with model_type) "
           "or model_path (a local Hugging Face folder)");
   }
-  if (max_parameters > 0) {
-    const std::string& config_text = options->model_path.empty() ? options->config_json : model_folder->config_json;
-    const double estimate = EstimateParameterCount(config_text);
-    if (estimate > static_cast<double>(max_parameters)) {
-      std::ostringstream out;
-      out << "server limit: the model would have about " << std::setprecision(3) << estimate
-          << " parameters, more than the " << max_parameters << " this server builds (--max-parameters)";
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, out.str());
-    }
-  }
+  options->max_parameters = max_parameters;
   options->precision = request.precision().empty() ? "bf16" : request.precision();
   options->kernels = request.kernels().empty() ? "fused" : request.kernels();
   for (const auto& [op, choice] : request.kernel_overrides()) options->kernel_overrides[op] = choice;

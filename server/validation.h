@@ -41,8 +41,8 @@ tigon::OptimizerOverrides ToEngineOverrides(const v1::OptimizerSettings& setting
 // Checks a CreateSessionRequest against the engine's model families and the device count, and
 // fills the engine's options. A model_path request needs `model_folder`, what ModelRoots::Resolve
 // found for it (the folder and its config.json).
-// With max_parameters > 0, a model whose estimated size is larger is RESOURCE_EXHAUSTED before anything
-// is allocated (a hostile or mistyped config must not make the server try to allocate terabytes).
+// max_parameters (--max-parameters) goes to the engine, which counts the model's parameters from its
+// config and refuses a larger one, or one that does not fit its device, before allocating anything.
 grpc::Status ValidateCreateSession(const v1::CreateSessionRequest& request,
                                    const std::vector<std::string>& model_families, int device_count,
                                    tigon::SessionOptions* options, int64_t max_parameters = 0,
@@ -57,11 +57,5 @@ grpc::Status ValidateWorldRank(const v1::CreateSessionRequest& request, int devi
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr size_t kCommunicatorIdBytes = 128;  // NCCL's unique id
 inline constexpr double kMaxCollectiveTimeoutSeconds = 86400.0;
-
-// The parameter count of a decoder described by a Hugging Face config (embeddings, attention, MLP,
-// norms, an untied output head; biases left out), in floating point so that absurd sizes do not
-// overflow. Negative when the sizes it needs are missing or not positive integers (the engine then
-// refuses the config with a precise message).
-double EstimateParameterCount(const std::string& config_json);
 
 }  // namespace tigon::server

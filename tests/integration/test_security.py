@@ -2,6 +2,7 @@
 tokens, sessions of other clients, TLS and mutual TLS. Each test names the practice it follows."""
 import json
 import math
+import time
 import os
 import subprocess
 
@@ -174,11 +175,29 @@ def test_absurd_session_configs_are_refused_before_anything_is_allocated(shared_
         before = snapshot(bystander)
         sessions_before = client.server_info().active_sessions
         cases = [
-            ("huge hidden size", dict(TINY_LLAMA, hidden_size=2**40), {}, C.RESOURCE_EXHAUSTED, "--max-parameters"),
-            ("huge vocabulary", dict(TINY_LLAMA, vocab_size=10**12), {}, C.RESOURCE_EXHAUSTED, "--max-parameters"),
-            ("many layers", dict(TINY_LLAMA, num_hidden_layers=10**9), {}, C.RESOURCE_EXHAUSTED, "--max-parameters"),
+            # Sizes past every released model are capped (models/config.cpp) ...
+            ("huge hidden size", dict(TINY_LLAMA, hidden_size=2**40), {}, C.INVALID_ARGUMENT, "hidden_size"),
+            ("huge vocabulary", dict(TINY_LLAMA, vocab_size=10**12), {}, C.INVALID_ARGUMENT, "vocab_size"),
+            ("many layers", dict(TINY_LLAMA, num_hidden_layers=10**9), {}, C.INVALID_ARGUMENT, "num_hidden_layers"),
             ("int64 overflow", dict(TINY_LLAMA, hidden_size=2**62, intermediate_size=2**62), {},
-             C.RESOURCE_EXHAUSTED, "--max-parameters"),
+             C.INVALID_ARGUMENT, "hidden_size"),
+            # ... as the attack's huge head (19 GiB of RSS in a minute) and 65,536 thin layers (37 s a step) were.
+            ("huge head_dim", dict(TINY_LLAMA, hidden_size=1, num_attention_heads=1, num_key_value_heads=1,
+                                   head_dim=2**31 - 2), {}, C.INVALID_ARGUMENT, "head_dim"),
+            ("65536 thin layers", dict(TINY_LLAMA, hidden_size=4, num_attention_heads=1, num_key_value_heads=1,
+                                       intermediate_size=4, num_hidden_layers=65536), {},
+             C.INVALID_ARGUMENT, "num_hidden_layers"),
+            # ... and under the caps, a model over --max-parameters (default 1e11) or over the machine's memory
+            # is refused from its config, before anything is allocated.
+            ("over --max-parameters", dict(TINY_LLAMA, vocab_size=2**22, hidden_size=2**16, num_attention_heads=512,
+                                           num_key_value_heads=512), {}, C.RESOURCE_EXHAUSTED, "--max-parameters"),
+            ("over the machine's memory", dict(TINY_LLAMA, vocab_size=2**20, hidden_size=2**15,
+                                               num_attention_heads=256, num_key_value_heads=256), {},
+             C.RESOURCE_EXHAUSTED, "available"),
+            ("max_position_embeddings 0", dict(TINY_LLAMA, max_position_embeddings=0), {}, C.INVALID_ARGUMENT,
+             "max_position_embeddings"),
+            ("max_position_embeddings -1", dict(TINY_LLAMA, max_position_embeddings=-1), {}, C.INVALID_ARGUMENT,
+             "max_position_embeddings"),
             ("zero layers", dict(TINY_LLAMA, num_hidden_layers=0), {}, C.INVALID_ARGUMENT, "num_hidden_layers"),
             ("negative hidden size", dict(TINY_LLAMA, hidden_size=-32), {}, C.INVALID_ARGUMENT, "hidden_size"),
             ("fractional hidden size", dict(TINY_LLAMA, hidden_size=32.5), {}, C.INVALID_ARGUMENT, "hidden_size"),
@@ -206,9 +225,13 @@ def test_absurd_session_configs_are_refused_before_anything_is_allocated(shared_
         ]
         failures = []
         for name, config, fields, code, fragment in cases:
+            started = time.monotonic()
             got, message = create_status(stub, config, **fields)
+            seconds = time.monotonic() - started
             if got != code or fragment not in message:
                 failures.append(f"{name}: {got} {message!r} (expected {code} mentioning {fragment!r})")
+            elif seconds > 1.0:
+                failures.append(f"{name}: refused after {seconds:.1f} s, not at once")
         for name, text in [("bad JSON", "{not json"), ("JSON array", "[1, 2]"), ("empty", ""),
                            ("truncated", json.dumps(TINY_LLAMA)[:-10])]:
             got, message = create_status(stub, raw_json=text)
@@ -218,6 +241,23 @@ def test_absurd_session_configs_are_refused_before_anything_is_allocated(shared_
         assert client.server_info().active_sessions == sessions_before, "no session was created or leaked"
         after = snapshot(bystander)
         assert after[:2] == before[:2] and np.array_equal(after[2], before[2])
+
+
+def test_deeply_nested_config_json_is_refused_and_no_tenant_loses_a_session(start_server):
+    """A 200 KB config_json nested 100,000 deep killed the server with SIGSEGV (a recursive copy of the
+    parsed value); the parse now bounds depth, for every user's sake."""
+    server = start_server("--max-message-bytes=1048576")
+    client = server.client()
+    stub = raw_stub(server.address)
+    deep = "[" * 100_000 + "]" * 100_000
+    with client.create_session(TINY_LLAMA, precision="fp32") as bystander:
+        before = snapshot(bystander)
+        for text in ('{"model_type": "llama", "x": ' + deep + "}", deep, '{"a":' * 50_000 + "1" + "}" * 50_000):
+            got, message = create_status(stub, raw_json=text)
+            assert got == C.INVALID_ARGUMENT and "deeper than 64" in message, (got, message)
+        after = snapshot(bystander)
+        assert after[:2] == before[:2] and np.array_equal(after[2], before[2])
+    assert server.proc.poll() is None
 
 
 def write_tokens(path, lines):

@@ -2,13 +2,18 @@
 // tested the way it happens on a GPU: an allocation past the cap fails with torch's out-of-memory error,
 // the step reports RESOURCE_EXHAUSTED and the session keeps its state.
 //
-// The server (any process that loads libtigon_engine) reads TIGON_CPU_MEMORY_LIMIT_BYTES at start and
-// installs the cap when it is set. No torch types here (engine.h's rule).
+// Any process that loads libtigon_engine (the server, tigon-train) installs the cap when the library
+// loads: TIGON_CPU_MEMORY_LIMIT_BYTES when it is set (0: no cap), else kDefaultCpuMemoryShare of the
+// machine's memory (MemTotal, or a container's cgroup limit when lower), so that running out of CPU
+// memory is one session's RESOURCE_EXHAUSTED, not the OOM killer ending every session. No torch types
+// here (engine.h's rule).
 #pragma once
 
 #include <cstdint>
 
 namespace tigon {
+
+inline constexpr double kDefaultCpuMemoryShare = 0.8;
 
 // Sets the cap to `bytes` (0 lifts it). The first call installs a CPU allocator that wraps torch's and
 // counts the bytes of every CPU tensor allocated from then on; it stays installed for the life of the

@@ -98,6 +98,10 @@ struct SessionOptions {
   // TrainStep that fails after the first update leaves the session broken (kFailedPrecondition) until a
   // checkpoint is loaded.
   bool optimizer_in_backward = false;
+  // > 0: a model with more parameters is refused (kResourceExhausted) before anything is allocated. Every
+  // session is also refused when its estimated footprint (weights, gradients, optimizer state and the
+  // activations of a 4,096-token step) is more than its device has available.
+  int64_t max_parameters = 0;
 };
 
 // The checks of SessionOptions that need no model (CreateSession makes them first; the server before it
@@ -201,6 +205,10 @@ struct DeviceInfo {
   std::string name;
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;
+  // This process's caching allocator on the device: held by tensors, and held in all (cached blocks
+  // included; the driver counts them as used until they are released, as CloseSession does).
+  int64_t allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
 };
 
 // ---- sessions -----------------------------------------------------------------------------------

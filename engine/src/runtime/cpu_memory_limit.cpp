@@ -142,11 +142,38 @@ LimitingCpuAllocator* Install() {
   return allocator;
 }
 
+// The machine's memory: MemTotal, or the cgroup v2 limit (a container's) when that is lower; 0 unknown.
+int64_t MachineMemoryBytes() {
+  int64_t total = 0;
+  if (std::FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
+    long long kib = 0;
+    if (std::fscanf(meminfo, "MemTotal: %lld kB", &kib) == 1) total = static_cast<int64_t>(kib) * 1024;
+    std::fclose(meminfo);
+  }
+  if (std::FILE* cgroup = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    long long limit = 0;
+    if (std::fscanf(cgroup, "%lld", &limit) == 1 && limit > 0 && (total == 0 || limit < total)) total = limit;
+    std::fclose(cgroup);  // "max": no limit
+  }
+  return total;
+}
+
 // TIGON_CPU_MEMORY_LIMIT_BYTES, read when the engine library loads (after c10, whose default allocator
-// it wraps, has registered it).
+// it wraps, has registered it). Unset, the cap is kDefaultCpuMemoryShare of the machine: a session whose
+// tensors would take the rest gets RESOURCE_EXHAUSTED instead of the kernel's OOM killer ending the
+// process and every session in it.
 [[maybe_unused]] const bool g_from_environment = [] {
   const char* text = std::getenv(kEnvironmentVariable);
-  if (text == nullptr || *text == '\0') return false;
+  if (text == nullptr || *text == '\0') {
+    const int64_t machine = MachineMemoryBytes();
+    if (machine <= 0) return false;
+    try {
+      SetCpuMemoryLimit(static_cast<int64_t>(static_cast<double>(machine) * kDefaultCpuMemoryShare));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tigon: cannot apply the default CPU memory limit: %s\n", e.what());
+    }
+    return false;
+  }
   char* end = nullptr;
   errno = 0;
   const long long bytes = std::strtoll(text, &end, 10);

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "checkpoint/atomic_dir.h"
+#include "common/bounded_json.h"
 #include "checkpoint/checkpoint_files.h"
 #include "models/model.h"
 #include "models/safetensors.h"
@@ -22,6 +23,7 @@
 #include "runtime/exception_status.h"
 #include "runtime/log.h"
 #include "session/flat_parameters.h"
+#include "session/memory_estimate.h"
 #include "session/optimizer_in_backward.h"
 #include "session/step_stats.h"
 #include "tigon/data_parallel.h"
@@ -47,12 +49,10 @@ void Synchronize(const torch::Device& device) {
 }
 
 nlohmann::json ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw models::ModelError("cannot open " + path);
   try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw models::ModelError("malformed JSON in " + path + ": " + e.what());
+    return ReadBoundedJsonFile(path);
+  } catch (const JsonInputError& e) {
+    throw models::ModelError(e.what());
   }
 }
 
@@ -68,7 +68,8 @@ class SessionImpl final : public ReplicaSession {
  public:
   SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
               std::vector<int> devices, const SessionOptions& options, bool fused_adamw)
-      : model_(std::move(model)),
+      : release_on_close_(device),
+        model_(std::move(model)),
         device_(device),
         devices_(std::move(devices)),
         optimizer_(options.optimizer),
@@ -535,6 +536,7 @@ class SessionImpl final : public ReplicaSession {
     out->peak_reserved_bytes = mem.peak_reserved;
   }
 
+  ReleaseMemoryOnDestruction release_on_close_;  // first: destroyed after every tensor below
   std::unique_ptr<models::DecoderModel> model_;
   std::unique_ptr<FlatParameters> flat_;
   std::unique_ptr<OptimizerInBackward> in_backward_;  // set when the session fuses AdamW into backward
@@ -580,12 +582,14 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
       config_json = ReadJsonFile(options.model_path + "/config.json");
     } else {
       try {
-        config_json = nlohmann::json::parse(options.config_json);
-      } catch (const nlohmann::json::exception& e) {
+        config_json = ParseBoundedJson(options.config_json);
+      } catch (const JsonInputError& e) {
         return Status(StatusCode::kInvalidArgument, std::string("model config is not valid JSON: ") + e.what());
       }
     }
     auto config = models::ModelConfig::FromJson(config_json);
+    TIGON_RETURN_IF_ERROR(
+        CheckSessionFits(EstimateFootprint(config, precision, options.optimizer_in_backward), options, device));
     models::OpChoice default_choice = ParseChoice("kernels", options.kernels);
     auto table = default_choice == models::OpChoice::kFused ? models::OpTable::AllFused(config)
                                                               : models::OpTable::AllReference(config);

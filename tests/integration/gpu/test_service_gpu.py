@@ -115,3 +115,34 @@ def test_a_thousand_device_out_of_memory_failures_do_not_grow_reserved_memory(gp
             torch.cuda.empty_cache()
     # A leak of even one small activation per failure would show as hundreds of MiB here.
     assert free_before - free_after <= 64 * 2**20, (free_before, free_after)
+
+
+def device_metric(server, name):
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(rf'^{name}{{device="0"}} (\S+)$', text, re.M)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def test_closing_sessions_gives_their_device_memory_back(gpu_server):
+    """Two closed 1B-class sessions once left 38 GiB reserved by the server's caching allocator, which a
+    scheduler packing the GPU sees as used. Closing a session releases the cached blocks."""
+    reserved_before = device_metric(gpu_server, "tigon_device_memory_reserved_bytes")
+    used_before = device_metric(gpu_server, "tigon_device_memory_used_bytes")
+    client = gpu_server.client()
+    batch = np.random.default_rng(0).integers(0, 128256, size=(4, 1024), dtype=np.int32)
+    sessions = [client.create_session(WIDE_VOCAB, precision="bf16") for _ in range(2)]
+    for session in sessions:
+        session.train_step(batch)
+    held = device_metric(gpu_server, "tigon_device_memory_reserved_bytes")
+    assert held > reserved_before + (4 << 30), "two sessions with a 128k vocabulary hold several GiB"
+    for session in sessions:
+        session.close()
+    reserved_after = device_metric(gpu_server, "tigon_device_memory_reserved_bytes")
+    used_after = device_metric(gpu_server, "tigon_device_memory_used_bytes")
+    print(f"reserved: {reserved_before / 2**30:.2f} GiB before, {held / 2**30:.2f} with two sessions, "
+          f"{reserved_after / 2**30:.2f} after closing them; used by the driver's count "
+          f"{used_before / 2**30:.2f} -> {used_after / 2**30:.2f} GiB")
+    assert reserved_after <= reserved_before + (256 << 20)
+    assert used_after <= used_before + (512 << 20)
