@@ -58,51 +58,67 @@ DecoderModel::DecoderModel(ModelConfig config, OpTable ops, torch::TensorOptions
   if (static_cast<int64_t>(config_.sliding_window.size()) != config_.num_hidden_layers) {
     config_.sliding_window.resize(config_.num_hidden_layers, 0);
   }
-  const auto& c = config_;
+  for (auto& parameter : ParameterShapes(config_)) AddParameter(parameter.name, std::move(parameter.shape), options);
+  inv_freq_ = RopeInverseFrequencies(config_);
+  if (config_.local_rope_theta > 0) local_inv_freq_ = RopeInverseFrequencies(config_, /*sliding_layers=*/true);
+}
+
+std::vector<ParameterShape> ParameterShapes(const ModelConfig& c) {
+  std::vector<ParameterShape> out;
+  auto add = [&out](std::string name, std::vector<int64_t> shape) { out.push_back({std::move(name), std::move(shape)}); };
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   const FamilyTraits& t = c.traits;
-  AddParameter("model.embed_tokens.weight", {c.vocab_size, h}, options);
+  add("model.embed_tokens.weight", {c.vocab_size, h});
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = LayerPrefix(layer);
     if (t.fused_qkv) {
-      AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
-      AddParameter(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h}, options);
+      add(p + "self_attn.o_proj.weight", {h, q_dim});
+      add(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h});
     } else {
       const std::pair<const char*, int64_t> projections[] = {{"q_proj", q_dim}, {"k_proj", kv_dim}, {"v_proj", kv_dim}};
-      for (const auto& [name, out] : projections) {
-        AddParameter(p + "self_attn." + name + ".weight", {out, h}, options);
-        if (c.attention_bias) AddParameter(p + "self_attn." + name + ".bias", {out}, options);
+      for (const auto& [name, rows] : projections) {
+        add(p + "self_attn." + name + ".weight", {rows, h});
+        if (c.attention_bias) add(p + "self_attn." + name + ".bias", {rows});
       }
-      AddParameter(p + "self_attn.o_proj.weight", {h, q_dim}, options);
-      if (c.attention_output_bias) AddParameter(p + "self_attn.o_proj.bias", {h}, options);
+      add(p + "self_attn.o_proj.weight", {h, q_dim});
+      if (c.attention_output_bias) add(p + "self_attn.o_proj.bias", {h});
     }
     if (t.qk_norm) {
-      AddParameter(p + "self_attn.q_norm.weight", {c.head_dim}, options);
-      AddParameter(p + "self_attn.k_norm.weight", {c.head_dim}, options);
+      add(p + "self_attn.q_norm.weight", {c.head_dim});
+      add(p + "self_attn.k_norm.weight", {c.head_dim});
     }
     if (t.fused_gate_up) {
-      AddParameter(p + "mlp.gate_up_proj.weight", {2 * inter, h}, options);
-      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
+      add(p + "mlp.gate_up_proj.weight", {2 * inter, h});
+      add(p + "mlp.down_proj.weight", {h, inter});
     } else {
       for (const char* name : {"gate_proj", "up_proj"}) {
-        AddParameter(p + "mlp." + name + ".weight", {inter, h}, options);
-        if (c.mlp_bias) AddParameter(p + "mlp." + name + ".bias", {inter}, options);
+        add(p + "mlp." + name + ".weight", {inter, h});
+        if (c.mlp_bias) add(p + "mlp." + name + ".bias", {inter});
       }
-      AddParameter(p + "mlp.down_proj.weight", {h, inter}, options);
-      if (c.mlp_bias) AddParameter(p + "mlp.down_proj.bias", {h}, options);
+      add(p + "mlp.down_proj.weight", {h, inter});
+      if (c.mlp_bias) add(p + "mlp.down_proj.bias", {h});
     }
-    AddParameter(p + "input_layernorm.weight", {h}, options);
-    AddParameter(p + "post_attention_layernorm.weight", {h}, options);
+    add(p + "input_layernorm.weight", {h});
+    add(p + "post_attention_layernorm.weight", {h});
     if (t.sandwich_norms) {
-      AddParameter(p + "pre_feedforward_layernorm.weight", {h}, options);
-      AddParameter(p + "post_feedforward_layernorm.weight", {h}, options);
+      add(p + "pre_feedforward_layernorm.weight", {h});
+      add(p + "post_feedforward_layernorm.weight", {h});
     }
   }
-  AddParameter("model.norm.weight", {h}, options);
-  if (!c.tie_word_embeddings) AddParameter("lm_head.weight", {c.vocab_size, h}, options);
-  inv_freq_ = RopeInverseFrequencies(config_);
-  if (c.local_rope_theta > 0) local_inv_freq_ = RopeInverseFrequencies(config_, /*sliding_layers=*/true);
+  add("model.norm.weight", {h});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
+  return out;
+}
+
+int64_t ParameterCount(const ModelConfig& config) {
+  int64_t total = 0;
+  for (const auto& parameter : ParameterShapes(config)) {
+    int64_t numel = 1;
+    for (int64_t size : parameter.shape) numel *= size;
+    total += numel;
+  }
+  return total;
 }
 
 void DecoderModel::AddParameter(const std::string& name, std::vector<int64_t> shape,

@@ -98,6 +98,15 @@ class OpTable {
   std::map<std::string, OpChoice> entries_;
 };
 
+// The parameters a DecoderModel of `config` has, in its order, with their shapes: what the constructor
+// allocates, and what a memory estimate counts before anything is allocated.
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+std::vector<ParameterShape> ParameterShapes(const ModelConfig& config);
+int64_t ParameterCount(const ModelConfig& config);
+
 struct NamedParameter {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   torch::Tensor tensor;

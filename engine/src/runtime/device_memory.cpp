@@ -87,6 +87,9 @@ int64_t AvailableBytes(const torch::Device& device) {
       (void)cudaGetLastError();
       return std::numeric_limits<int64_t>::max();  // unknown: the allocation itself will say
     }
+    // Before torch's first CUDA allocation its allocator has no statistics (and nothing cached).
+    auto* allocator = c10::cuda::CUDACachingAllocator::get();
+    if (allocator == nullptr || !allocator->initialized()) return static_cast<int64_t>(free);
     const MemoryStats stats = ReadMemory(device);
     return static_cast<int64_t>(free) + std::max<int64_t>(0, stats.reserved - stats.allocated);
   }
