@@ -193,6 +193,7 @@ int Run(const ServerOptions& options) {
   }
 
   server->GetHealthCheckService()->SetServingStatus(true);
+  metrics_endpoint.SetReady(true);
   // Machine-readable start lines on stdout (tests and scripts read the ports from them).
   std::printf("tigon-server listening on %s\n", address.c_str());
   if (!metrics_address.empty()) std::printf("tigon-server metrics on http://%s/metrics\n", metrics_address.c_str());
@@ -240,6 +241,7 @@ int Run(const ServerOptions& options) {
   // Health turns NOT_SERVING and new Trainer calls are answered UNAVAILABLE while the port stays open,
   // so probes and clients see the drain; the calls already running get until --exit-timeout.
   server->GetHealthCheckService()->SetServingStatus(false);
+  metrics_endpoint.SetReady(false);
   service.BeginDrain();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(options.exit_timeout_seconds * 1000));

@@ -13,15 +13,29 @@
 namespace tigon::server {
 namespace {
 
-// civetweb hands its callbacks only the connection, so the tokens are found by the port the request
-// arrived on. A port that is not listed (a request racing the start) is refused, never let through.
-std::mutex& ScrapersMutex() {
+// civetweb hands its callbacks only the connection, so a port's tokens and readiness are found by the
+// port the request arrived on. A port that is not listed (a request racing the start) is refused, never
+// let through.
+struct PortState {
+  TokenAuthenticator scrapers;  // not enabled: /metrics is open
+  bool ready = false;
+};
+std::mutex& PortsMutex() {
   static std::mutex mu;
   return mu;
 }
-std::map<int, TokenAuthenticator>& ScrapersByPort() {
-  static std::map<int, TokenAuthenticator> scrapers;
-  return scrapers;
+std::map<int, PortState>& Ports() {
+  static std::map<int, PortState> ports;
+  return ports;
+}
+
+int Answer(mg_connection* connection, int code, const char* status, const std::string& text) {
+  const std::string body = text + "\n";
+  mg_printf(connection,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n%s",
+            code, status, body.size(), body.c_str());
+  return code;  // non-zero: civetweb treats the request as answered
 }
 
 int Refuse(mg_connection* connection, const char* reason) {
@@ -33,18 +47,28 @@ int Refuse(mg_connection* connection, const char* reason) {
   return 401;  // non-zero: civetweb treats the request as answered
 }
 
-// Runs in a civetweb worker before any handler: the request's bearer token must be one of the port's.
-int CheckScraper(mg_connection* connection) {
+// Runs in a civetweb worker before any handler. /healthz (the process serves HTTP) and /readyz (the
+// gRPC service takes calls: started and not draining) are answered here, without a token, as Kubernetes
+// probes expect; they say nothing about sessions. Anything else needs one of the port's bearer tokens
+// when it has some, and then goes on to prometheus-cpp's /metrics handler.
+int BeforeRequest(mg_connection* connection) {
   const mg_request_info* request = mg_get_request_info(connection);
+  const std::string uri = request->local_uri != nullptr ? request->local_uri : "";
+  std::lock_guard<std::mutex> lock(PortsMutex());
+  auto it = Ports().find(request->server_port);
+  if (uri == "/healthz") return Answer(connection, 200, "OK", "ok");
+  if (uri == "/readyz") {
+    const bool ready = it != Ports().end() && it->second.ready;
+    return ready ? Answer(connection, 200, "OK", "ready")
+                 : Answer(connection, 503, "Service Unavailable", "not ready: starting or draining");
+  }
+  if (it == Ports().end()) return Answer(connection, 503, "Service Unavailable", "starting");
+  if (!it->second.scrapers.enabled()) return 0;
   const char* header = mg_get_header(connection, "Authorization");
   if (header == nullptr) return Refuse(connection, "this endpoint needs 'Authorization: Bearer <token>'");
   std::multimap<grpc::string_ref, grpc::string_ref> metadata;
   metadata.emplace("authorization", grpc::string_ref(header, std::strlen(header)));
-  std::lock_guard<std::mutex> lock(ScrapersMutex());
-  auto it = ScrapersByPort().find(request->server_port);
-  if (it == ScrapersByPort().end() || !it->second.Check(metadata).ok()) {
-    return Refuse(connection, "the bearer token is not accepted");
-  }
+  if (!it->second.scrapers.Check(metadata).ok()) return Refuse(connection, "the bearer token is not accepted");
   return 0;
 }
 
@@ -67,9 +91,9 @@ bool MetricsEndpoint::Start(const std::string& address, const TokenAuthenticator
                                       "enable_keep_alive",
                                       "no"};
   CivetCallbacks callbacks;  // its constructor clears every callback
-  callbacks.begin_request = CheckScraper;
+  callbacks.begin_request = BeforeRequest;
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(std::move(options), scrapers.enabled() ? &callbacks : nullptr);
+    exposer_ = std::make_unique<prometheus::Exposer>(std::move(options), &callbacks);
   } catch (const std::exception& e) {
     *error = "cannot listen for metrics on " + address + ": " + e.what();
     return false;
@@ -81,20 +105,25 @@ bool MetricsEndpoint::Start(const std::string& address, const TokenAuthenticator
     return false;
   }
   port_ = ports.front();
-  if (scrapers.enabled()) {
-    std::lock_guard<std::mutex> lock(ScrapersMutex());
-    ScrapersByPort()[port_] = scrapers;
+  {
+    std::lock_guard<std::mutex> lock(PortsMutex());
+    Ports()[port_].scrapers = scrapers;
   }
   for (const auto& collectable : metrics_->Collectables()) exposer_->RegisterCollectable(collectable);
   *bound_port = port_;
   return true;
 }
 
+void MetricsEndpoint::SetReady(bool ready) {
+  std::lock_guard<std::mutex> lock(PortsMutex());
+  if (auto it = Ports().find(port_); port_ != 0 && it != Ports().end()) it->second.ready = ready;
+}
+
 void MetricsEndpoint::Stop() {
   exposer_.reset();  // stops civetweb and joins its threads
   if (port_ != 0) {
-    std::lock_guard<std::mutex> lock(ScrapersMutex());
-    ScrapersByPort().erase(port_);
+    std::lock_guard<std::mutex> lock(PortsMutex());
+    Ports().erase(port_);
     port_ = 0;
   }
 }

@@ -1,6 +1,8 @@
 // The HTTP endpoint that serves the metrics at /metrics: prometheus-cpp's exposer (civetweb) on its own
 // port, with enough worker threads and short read timeouts that slow or half-open clients cannot keep
-// a scrape waiting, and optionally a bearer token that every request must carry.
+// a scrape waiting, and optionally a bearer token that every /metrics request must carry. The same port
+// answers the probes /healthz (200 while the process serves) and /readyz (200 while the gRPC service
+// takes calls, 503 before it starts and while it drains), without a token.
 #pragma once
 
 #include <memory>
@@ -29,6 +31,8 @@ class MetricsEndpoint {
   // `scrapers` enabled (a --metrics-token-file), a request without 'Authorization: Bearer <token>' of
   // one of its tokens is answered 401.
   bool Start(const std::string& address, const TokenAuthenticator& scrapers, int* bound_port, std::string* error);
+  // /readyz's answer: true once the gRPC service serves, false when it begins to drain.
+  void SetReady(bool ready);
   void Stop();
 
  private:

@@ -200,3 +200,46 @@ def test_a_scrape_needs_the_token_when_the_flag_is_set(start_server, tmp_path):
         "without-token": (target, ""),
     })
     assert up == {"with-token": "1", "without-token": "0"}
+
+
+def http_get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode().strip()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode().strip()
+
+
+def test_healthz_and_readyz_follow_the_service_and_need_no_token(start_server, tmp_path):
+    """Kubernetes' HTTP probes on the metrics port: /healthz while the process serves, /readyz while the
+    gRPC service takes calls (503 once SIGTERM starts the drain, while a step still finishes)."""
+    import signal
+    import threading
+    import numpy as np
+    token_file = tmp_path / "scrape-token"
+    token_file.write_text("b1c8f0e7d2a94c33\n")
+    server = start_server(f"--metrics-token-file={token_file}", "--exit-timeout=300")
+    base = server.metrics_url.rsplit("/", 1)[0]
+    assert http_get(base + "/healthz") == (200, "ok")
+    assert http_get(base + "/readyz") == (200, "ready")
+    assert http_get(server.metrics_url)[0] == 401, "/metrics still needs its token"
+    # A step long enough to watch the drain: several seconds on two CPU cores.
+    wide = dict(TINY_LLAMA, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=8, max_position_embeddings=1024)
+    session = server.client().create_session(wide, precision="fp32")
+    batch = np.random.default_rng(0).integers(0, 256, size=(4, 512), dtype=np.int32)
+    outcome = {}
+    step = threading.Thread(target=lambda: outcome.setdefault("step", session.train_step(batch).step))
+    step.start()
+    time.sleep(2.0)  # the step is inside the engine by then
+    server.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while http_get(base + "/readyz")[0] != 503 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    readiness = http_get(base + "/readyz")
+    liveness = http_get(base + "/healthz")
+    step.join(300)
+    assert readiness[0] == 503 and "draining" in readiness[1], readiness
+    assert liveness == (200, "ok"), "alive while it drains"
+    assert outcome.get("step") == 1, "the step in flight finished"
+    assert server.wait(60) == 0
