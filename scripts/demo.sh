@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+# Only what the demo runs: the server and the engine and kernel libraries it links (the test suites take
+# longer to build than the rest; scripts/test.sh builds them).
+TIGON_BUILD_TARGETS="tigon-server" bash scripts/build.sh
 BUILD_DIR=${TIGON_BUILD_DIR:-build}
-PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 -m tigon.finetune \
-  --server-bin "$BUILD_DIR/server/tigon-server" --kernels auto --steps 150 "$@"
+bash scripts/finetune.sh --server-bin "$BUILD_DIR/server/tigon-server" --kernels auto --steps 150 "$@"

@@ -9,6 +9,18 @@
             result = session.train_step(batch)
             print(result.step, result.loss, result.tokens_per_second)
 """
+import sys
+
+try:
+    import google.protobuf  # noqa: F401
+    import grpc  # noqa: F401
+except ImportError as e:
+    # The usual cause: a python3 earlier on PATH (pyenv, conda, a venv) that is not the one the packages went to.
+    raise ImportError(f"tigon needs grpc and protobuf, which {sys.executable} cannot import ({e}). "
+                      "scripts/setup.sh installs them for Debian's /usr/bin/python3 (python3-grpcio, "
+                      "python3-protobuf): run the client with /usr/bin/python3, or install grpcio and protobuf "
+                      "into this Python") from e
+
 from .client import Client, Future, Session, connect
 from .errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                      PermissionDenied, ResourceExhausted, TigonError, Unauthenticated, Unavailable)
