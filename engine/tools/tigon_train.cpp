@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "tigon/engine.h"
 
 namespace {
@@ -111,13 +113,34 @@ std::string ConfigJson(const Args& a) {
   return c.str();
 }
 
-void Bar(int step, int total, double loss, double tps) {
-  const int width = 30;
-  int filled = static_cast<int>(static_cast<double>(step) / total * width);
-  std::fprintf(stderr, "\r[%-*s] %4d/%d  loss %.4f  %9.0f tok/s", width,
-               std::string(filled, '#').c_str(), step, total, loss, tps);
-  std::fflush(stderr);
-}
+// Progress on stderr: a bar redrawn in place on a terminal; in a pipe or a log, where a carriage return
+// leaves one long line of overdrawn bars, a plain line every tenth of the run and at its end.
+class Progress {
+ public:
+  explicit Progress(int total) : total_(total), tty_(isatty(STDERR_FILENO) == 1), every_(std::max(1, total / 10)) {}
+
+  void Update(int step, double loss, double tps) {
+    if (tty_) {
+      const int width = 30;
+      int filled = static_cast<int>(static_cast<double>(step) / total_ * width);
+      std::fprintf(stderr, "\r[%-*s] %4d/%d  step loss %.4f  %9.0f tok/s", width,
+                   std::string(filled, '#').c_str(), step, total_, loss, tps);
+    } else if (step % every_ == 0 || step == total_) {
+      std::fprintf(stderr, "step %d/%d  step loss %.4f  %.0f tok/s\n", step, total_, loss, tps);
+    }
+    std::fflush(stderr);
+  }
+
+  // Ends the bar's line (a terminal only: the plain lines end themselves).
+  void Finish() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  int total_;
+  bool tty_;
+  int every_;
+};
 
 }  // namespace
 
@@ -169,6 +192,7 @@ int main(int argc, char** argv) {
   double first_loss = 0, recent = 0, total_seconds = 0;
   int64_t total_tokens = 0;
   const int window = std::min(10, args.steps);
+  Progress progress(args.steps);
   for (int step = 1; step <= args.steps; ++step) {
     for (int b = 0; b < args.batch; ++b) {
       size_t start = start_dist(rng);
@@ -178,16 +202,17 @@ int main(int argc, char** argv) {
     tigon::StepStats stats;
     status = session->TrainStep(batch, {}, &stats);
     if (!status.ok()) {
-      std::fprintf(stderr, "\ntigon-train: step %d failed: %s\n", step, status.ToString().c_str());
+      progress.Finish();
+      std::fprintf(stderr, "tigon-train: step %d failed: %s\n", step, status.ToString().c_str());
       return 1;
     }
     if (step == 1) first_loss = stats.loss;
     if (step > args.steps - window) recent += stats.loss / window;
     total_seconds += stats.wall_seconds;
     total_tokens += stats.tokens;
-    Bar(step, args.steps, stats.loss, stats.tokens_per_second);
+    progress.Update(step, stats.loss, stats.tokens_per_second);
   }
-  std::fprintf(stderr, "\n");
+  progress.Finish();
   std::printf("loss: first step %.4f, mean of last %d steps %.4f (uniform over 256 bytes: %.4f)\n", first_loss,
               window, recent, std::log(256.0));
   std::printf("throughput: %.0f tokens/s over %.1f s\n", total_tokens / total_seconds, total_seconds);

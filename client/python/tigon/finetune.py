@@ -1,7 +1,11 @@
 """Fine-tune a model on a text file through a tigon-server, showing the loss fall.
 
-    python3 -m tigon.finetune --server 127.0.0.1:50051 --text corpus.txt --steps 200
-    python3 -m tigon.finetune --server-bin build/server/tigon-server --kernels fused,reference
+    scripts/finetune.sh --server 127.0.0.1:50051 --text corpus.txt --steps 200
+    scripts/finetune.sh --server-bin build/server/tigon-server --kernels fused,reference
+
+scripts/finetune.sh runs this module with Debian's /usr/bin/python3 (where scripts/setup.sh installed
+python3-grpcio and python3-protobuf) and the client on PYTHONPATH, whatever python3 comes first on PATH;
+PYTHONPATH=client/python /usr/bin/python3 -m tigon.finetune is the same.
 
 Text is tokenised as UTF-8 bytes (a vocabulary of 256, which the default model has); --ids reads
 pre-tokenised ids instead (whitespace-separated integers, or a .npy array). Without either it trains on
@@ -127,7 +131,8 @@ def make_batches(tokens, batch, seq_len, steps, seed):
 
 
 class Progress:
-    """A one-line progress bar on a terminal; a line every 10% otherwise."""
+    """A one-line progress bar on a terminal; in a pipe or a log (no carriage returns), a line every 10%.
+    It shows the loss smoothed over about ten steps (an exponential moving average), labelled so."""
 
     def __init__(self, total, label, stream=sys.stderr):
         self.total, self.label, self.stream = total, label, stream
@@ -135,7 +140,7 @@ class Progress:
         self.next_report = 0
 
     def update(self, done, loss, tokens_per_second):
-        text = f"loss {loss:7.4f}  {tokens_per_second:10,.0f} tokens/s"
+        text = f"smoothed loss {loss:7.4f}  {tokens_per_second:10,.0f} tokens/s"
         if self.tty:
             width = 30
             filled = int(width * done / self.total)
@@ -171,9 +176,9 @@ def train(client, model, kernels, batches, args, save_path=None):
             smoothed = result.loss if smoothed is None else 0.9 * smoothed + 0.1 * result.loss
             progress.update(i + 1, smoothed, tokens / client_seconds)
         saved = session.save(save_path) if save_path else None
-    k = max(1, min(10, len(losses) // 5))
+    k = max(1, min(10, len(losses) // 5))  # the summary's first and last loss are means over k steps
     return dict(kernels=kernels, model_family=info.model_family, parameters=info.parameter_count,
-                fused_ops=info.fused_ops, steps=len(losses), first_loss=sum(losses[:k]) / k,
+                fused_ops=info.fused_ops, steps=len(losses), loss_window=k, first_loss=sum(losses[:k]) / k,
                 last_loss=sum(losses[-k:]) / k, tokens=tokens, seconds=client_seconds,
                 tokens_per_second=tokens / client_seconds, peak_memory_bytes=peak,
                 checkpoint=saved.path if saved else None, losses=losses)
@@ -197,12 +202,14 @@ def start_local_server(binary, log_path, checkpoint_root=None, model_folder=None
 
 
 def print_summary(runs, stream=sys.stdout):
-    print("\nsummary", file=stream)
-    print(f"  {'kernels':<10} {'steps':>6} {'first loss':>11} {'last loss':>10} {'tokens/s':>12} "
+    k = runs[0]["loss_window"]
+    first, last = f"first {k} mean", f"last {k} mean"
+    print(f"\nsummary (loss: mean over the first and the last {k} steps, unsmoothed)", file=stream)
+    print(f"  {'kernels':<10} {'steps':>6} {first:>13} {last:>13} {'tokens/s':>12} "
           f"{'peak memory':>12}", file=stream)
     for r in runs:
         memory = f"{r['peak_memory_bytes'] / 2**20:,.1f} MiB" if r["peak_memory_bytes"] else "n/a (CPU)"
-        print(f"  {r['kernels']:<10} {r['steps']:>6} {r['first_loss']:>11.4f} {r['last_loss']:>10.4f} "
+        print(f"  {r['kernels']:<10} {r['steps']:>6} {r['first_loss']:>13.4f} {r['last_loss']:>13.4f} "
               f"{r['tokens_per_second']:>12,.0f} {memory:>12}", file=stream)
     r = runs[0]
     print(f"  model {r['model_family']}, {r['parameters']:,} parameters; fused ops: "
@@ -220,7 +227,7 @@ def print_summary(runs, stream=sys.stdout):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m tigon.finetune", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts/finetune.sh", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="HOST:PORT of a running tigon-server")
