@@ -1,5 +1,9 @@
-# tigon-server on CUDA 13 (H100/H200, sm_90). Build: docker build -t tigon .
-# Run:   docker run --gpus all -p 50051:50051 -p 9464:9464 -v ckpt:/var/lib/tigon tigon
+# tigon-server on CUDA 13 (H100/H200, sm_90). Build: docker build -t tigon:0.1.0 .
+# Run:   docker run --gpus all -p 50051:50051 -v $PWD/tokens:/etc/tigon/tokens:ro -v ckpt:/var/lib/tigon tigon:0.1.0
+# The server needs a token file (server/README.md, Auth) at /etc/tigon/tokens, or TIGON_ALLOW_NO_AUTH=1;
+# metrics stay inside the container unless TIGON_METRICS_LISTEN (with TIGON_METRICS_TOKEN_FILE) says
+# otherwise; TIGON_LISTEN and TIGON_TLS_* move the port and turn on TLS, and the HEALTHCHECK follows them
+# (deploy/docker/entrypoint.sh lists the variables).
 # The same dependencies and build as deploy/device/README.md: gRPC/protobuf/spdlog from the distribution, found before
 # LibTorch (the pip torch wheel's CMake package); the server never compiles against torch headers.
 ARG CUDA_VERSION=13.0.0
@@ -33,9 +37,13 @@ COPY client/python/tigon /usr/local/lib/python3/dist-packages/tigon
 ENV LD_LIBRARY_PATH=/usr/local/lib/tigon:/opt/torch/lib/python3.12/site-packages/torch/lib PYTHONPATH=/usr/local/lib/python3/dist-packages
 RUN useradd --system --uid 10001 --create-home tigon && mkdir -p /var/lib/tigon && chown tigon /var/lib/tigon
 USER tigon
-EXPOSE 50051 9464
-# grpc.health.v1 through the client package (no token needed for health).
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s \
-  CMD python3 -c "import sys, tigon; sys.exit(tigon.connect('127.0.0.1:50051').health() != 'SERVING')"
-ENTRYPOINT ["tigon-server"]
-CMD ["--listen=0.0.0.0:50051", "--metrics-listen=0.0.0.0:9464", "--checkpoint-root=/var/lib/tigon", "--log-level=info"]
+EXPOSE 50051
+COPY deploy/docker/entrypoint.sh /usr/local/bin/tigon-entrypoint
+COPY deploy/docker/healthcheck.py /usr/local/bin/tigon-healthcheck
+ENV TIGON_LISTEN=0.0.0.0:50051 TIGON_METRICS_LISTEN=127.0.0.1:9464 TIGON_AUTH_TOKEN_FILE=/etc/tigon/tokens \
+    TIGON_CHECKPOINT_ROOT=/var/lib/tigon
+# grpc.health.v1 through the client package (no token needed), on TIGON_LISTEN with TIGON_TLS_*.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s CMD ["python3", "/usr/local/bin/tigon-healthcheck"]
+ENTRYPOINT ["tigon-entrypoint"]
+# Further tigon-server flags (tigon-server --help); the address, auth, TLS and metrics come from TIGON_*.
+CMD []
