@@ -11,6 +11,7 @@
 
 #include "common/bounded_json.h"
 #include "server/checkpoint_paths.h"
+#include "tigon/engine.h"
 
 namespace tigon::server {
 namespace {
@@ -121,6 +122,20 @@ grpc::Status CheckWeights(const std::string& dir, const std::string& root) {
   return grpc::Status::OK;
 }
 
+// The tokenizer and generation files the engine copies into the session's checkpoints
+// (kModelFolderCompanionFiles): those present must lie inside `root` too, or a link could copy any file the
+// server can read into a checkpoint.
+grpc::Status CheckCompanionFiles(const std::string& dir, const std::string& root) {
+  for (const char* file : kModelFolderCompanionFiles) {
+    if (CheckFile(dir + "/" + file, root, 0, nullptr) == FileCheck::kOutside) {
+      return Refused(grpc::StatusCode::PERMISSION_DENIED,
+                     std::string("the model's ") + file +
+                         " must lie inside its model root; it is a symbolic link out of it and is not read");
+    }
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 bool ParseShardIndex(const std::string& text, std::set<std::string>* shards) {
@@ -197,6 +212,8 @@ grpc::Status ModelRoots::Resolve(const std::string& request_path, const Checkpoi
     }
     grpc::Status weights = CheckWeights(dir, root);
     if (!weights.ok()) return weights;
+    grpc::Status companions = CheckCompanionFiles(dir, root);
+    if (!companions.ok()) return companions;
     folder->path = dir;
     folder->config_json = std::move(config);
     return grpc::Status::OK;

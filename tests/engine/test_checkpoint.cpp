@@ -113,11 +113,76 @@ TEST(Checkpoint, ReplacesAtomicallyAndLeavesNoTemporaries) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   ASSERT_EQ(names, std::vector<std::string>{"ckpt"});
-  for (const char* file : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+  for (const char* file : {"config.json", "model.safetensors", "optimizer.safetensors", "tigon_state.json"})
     EXPECT_TRUE(fs::exists(dir + "/ckpt/" + file)) << file;
+  // Hugging Face Trainer's trainer_state.json has another schema: a Tigon checkpoint does not claim the name.
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/trainer_state.json"));
   auto fresh = MakeSession(TinyOptions());
   ASSERT_TRUE(fresh->LoadCheckpoint(dir + "/ckpt").ok());
   EXPECT_EQ(fresh->Info().step, 5);
+  fs::remove_all(dir);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+TEST(Checkpoint, LoadsTheStepFromCheckpointsWrittenBeforeTheStateFileWasRenamed) {
+  const std::string dir = TempDir("legacy_state");
+  auto session = MakeSession(TinyOptions());
+  TrainSteps(*session, 0, 3);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/ckpt").ok());
+  // An older checkpoint: the same state under its old name.
+  fs::rename(dir + "/ckpt/tigon_state.json", dir + "/ckpt/trainer_state.json");
+  auto old = MakeSession(TinyOptions());
+  Status status = old->LoadCheckpoint(dir + "/ckpt");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(old->Info().step, 3);
+  // Both present (a folder a Hugging Face tool also wrote into): Tigon's own file is the one read.
+  WriteFile(dir + "/ckpt/tigon_state.json", ReadFile(dir + "/ckpt/trainer_state.json"));
+  WriteFile(dir + "/ckpt/trainer_state.json", R"({"global_step": 99, "step": 99})");
+  auto both = MakeSession(TinyOptions());
+  ASSERT_TRUE(both->LoadCheckpoint(dir + "/ckpt").ok());
+  EXPECT_EQ(both->Info().step, 3);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ASessionFromAModelFolderExportsItsTokenizerAndGenerationConfig) {
+  const std::string dir = TempDir("companions");
+  auto random = MakeSession(TinyOptions());
+  ASSERT_TRUE(random->SaveCheckpoint(dir + "/model").ok());
+  EXPECT_FALSE(fs::exists(dir + "/model/tokenizer.json"));  // a random model has no tokenizer to copy
+  const std::vector<std::pair<std::string, std::string>> companions = {
+      {"generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.6})"},
+      {"tokenizer.json", R"({"version": "1.0", "model": {"type": "BPE"}})"},
+      {"tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})"},
+      {"special_tokens_map.json", R"({"bos_token": "<s>"})"},
+      {"tokenizer.model", std::string("\x0a\x00sentencepiece\xff", 16)},
+      {"vocab.json", R"({"a": 0})"},
+      {"merges.txt", "#version: 0.2\na b\n"}};
+  for (const auto& [file, content] : companions) WriteFile(dir + "/model/" + file, content);
+  WriteFile(dir + "/model/notes.txt", "not a model file");
+  SessionOptions from_folder = TinyOptions();
+  from_folder.config_json.clear();
+  from_folder.model_path = dir + "/model";
+  auto session = MakeSession(from_folder);
+  ASSERT_TRUE(session);
+  // What the folder held when the session was created is exported, even if the folder changes later.
+  WriteFile(dir + "/model/tokenizer.json", "changed after the session was created");
+  TrainSteps(*session, 0, 1);
+  ASSERT_TRUE(session->SaveCheckpoint(dir + "/export").ok());
+  for (const auto& [file, content] : companions) EXPECT_EQ(ReadFile(dir + "/export/" + file), content) << file;
+  EXPECT_FALSE(fs::exists(dir + "/export/notes.txt"));
+  // An export is itself a model folder whose exports keep the files.
+  from_folder.model_path = dir + "/export";
+  auto again = MakeSession(from_folder);
+  ASSERT_TRUE(again->SaveCheckpoint(dir + "/export2").ok());
+  for (const auto& [file, content] : companions) EXPECT_EQ(ReadFile(dir + "/export2/" + file), content) << file;
   fs::remove_all(dir);
 }
 

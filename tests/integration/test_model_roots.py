@@ -163,3 +163,24 @@ def test_deeply_nested_json_in_a_model_folder_is_refused_and_the_server_lives(st
             assert "index" in info.value.message or "config.json" in info.value.message, info.value.message
         assert bystander.info().model_family == "llama", "the server and its sessions outlived the requests"
     assert server.proc.poll() is None
+
+
+def test_a_session_from_a_model_folder_saves_complete_folders_and_no_file_linked_out(start_server, layout, tmp_path):
+    models, outside = layout
+    (models / "llama" / "tokenizer.json").write_text('{"version": "1.0"}')
+    (models / "llama" / "generation_config.json").write_text('{"eos_token_id": 2}')
+    # A tokenizer linked out of the root would be copied into a checkpoint: refused like a weight file.
+    shutil.copytree(FIXTURE, models / "tokenizer-out")
+    (outside / "secret.txt").write_text("not yours")
+    (models / "tokenizer-out" / "tokenizer.json").symlink_to(outside / "secret.txt")
+    checkpoints = tmp_path / "checkpoints"
+    server = start_server(f"--model-root={models}", f"--checkpoint-root={checkpoints}")
+    client = server.client()
+    message = refusal(client, "tokenizer-out", tigon.PermissionDenied)
+    assert "tokenizer.json" in message and "symbolic link out of it" in message and str(outside) not in message
+    with client.create_session("llama", precision="fp32") as session:
+        session.train_step([[1, 2, 3, 4]])
+        session.save("export")
+    saved = set(os.listdir(checkpoints / "export"))
+    assert {"config.json", "model.safetensors", "tigon_state.json", "tokenizer.json", "generation_config.json"} <= saved
+    assert (checkpoints / "export" / "tokenizer.json").read_text() == '{"version": "1.0"}'

@@ -66,7 +66,7 @@ def test_kill_9_during_save_never_leaves_a_half_written_checkpoint(start_server,
     # What each step's weights look like: the checkpoint under the final name must match one of them.
     expected = {1: logprobs(session)}
     files = sorted(os.listdir(root / "run" / "latest"))
-    assert {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"} <= set(files)
+    assert {"config.json", "model.safetensors", "optimizer.safetensors", "tigon_state.json"} <= set(files)
     save_seconds = saved.wall_seconds
     rng = random.Random(1234)
     outcomes = {"old": 0, "new": 0}
@@ -142,7 +142,7 @@ def test_save_kill_restart_load_is_bit_identical_to_an_uninterrupted_run(start_s
     weights_only = root / "run" / "weights-only"
     os.makedirs(weights_only)
     for name in os.listdir(root / "run" / "step-4"):
-        if name not in ("optimizer.safetensors", "trainer_state.json"):
+        if name not in ("optimizer.safetensors", "tigon_state.json"):
             os.link(root / "run" / "step-4" / name, weights_only / name)
     control = second.client().create_session(TINY_LLAMA, seed=99, **options)
     assert control.load("run/weights-only").step == 0

@@ -81,6 +81,14 @@ Status ApplyOptimizerOverrides(const OptimizerSettings& base, const OptimizerOve
 inline constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "bf16_mixed"};
 inline constexpr const char* kKernelChoices[] = {"fused", "reference"};
 
+// The files of a Hugging Face model folder besides config.json and the weights that make an exported
+// folder usable on its own (tokenize, generate): a session created from a model folder reads those
+// present and writes them into every checkpoint it saves.
+inline constexpr const char* kModelFolderCompanionFiles[] = {
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt",
+    "chat_template.jinja", "chat_template.json"};
+
 struct SessionOptions {
   // The model: either a local Hugging Face folder (config.json + safetensors) ...
   std::string model_path;
@@ -245,13 +253,16 @@ class Session {
   virtual Status DiscardGradients() = 0;
 
   // A Hugging Face-loadable folder (config.json, model.safetensors) plus optimizer.safetensors and
-  // trainer_state.json, named `name` (one path component) inside the folder open as `parent_fd`; written
+  // tigon_state.json (step, seed, optimizer settings; not Hugging Face Trainer's trainer_state.json) and,
+  // for a session created from a model folder, that folder's generation_config.json and tokenizer files,
+  // as read when the session was created; named `name` (one path component) inside the folder open as `parent_fd`; written
   // into a temporary folder beside it and swapped in, so `name` is either the old checkpoint or the
   // complete new one. Every file is created through descriptors held for the whole save, never through
   // a path looked up again, so a symbolic link swapped in meanwhile cannot send it elsewhere. `label`
   // names the checkpoint in messages. A full disk is kResourceExhausted.
   virtual Status SaveCheckpointAt(int parent_fd, const std::string& name, const std::string& label) = 0;
-  // Loads weights, and optimizer state and step when present, from the folder open as `dir_fd`; its
+  // Loads weights, and optimizer state and step when present, from the folder open as `dir_fd` (the step
+  // from tigon_state.json, or from trainer_state.json in checkpoints written before the rename); its
   // files are opened relative to it and never through a link. Fails without changing the session when
   // the checkpoint does not match the model.
   virtual Status LoadCheckpointAt(int dir_fd, const std::string& label) = 0;

@@ -6,6 +6,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <system_error>
 
@@ -60,12 +62,31 @@ void WriteCheckpoint(int parent_fd, const std::string& name, const CheckpointCon
       models::WriteSafetensors(optimizer.get(), "optimizer.safetensors", contents.optimizer,
                                contents.optimizer_metadata);
     }
-    WriteFileAt(temp.fd.get(), "trainer_state.json", contents.trainer_state);
+    WriteFileAt(temp.fd.get(), kTigonStateFile, contents.tigon_state);
+    for (const auto& [file, content] : contents.companion_files) WriteFileAt(temp.fd.get(), file, content);
   } catch (...) {
     RemoveTreeAt(parent_fd, temp.name);
     throw;
   }
   PublishDirectory(parent_fd, temp, name);
+}
+
+std::map<std::string, std::string> ReadCompanionFiles(const std::string& model_folder) {
+  std::map<std::string, std::string> out;
+  for (const char* file : kModelFolderCompanionFiles) {
+    const std::string path = model_folder + "/" + file;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (st.st_size > kMaxCompanionFileBytes) {
+      throw models::ModelError(std::string(file) + " of the model folder is larger than " +
+                               std::to_string(kMaxCompanionFileBytes >> 20) + " MiB");
+    }
+    std::ifstream in(path, std::ios::binary);
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) throw models::ModelError("cannot read " + std::string(file) + " of the model folder");
+    out.emplace(file, std::move(content));
+  }
+  return out;
 }
 
 nlohmann::json ReadJsonAt(int dir_fd, const std::string& file, const std::string& label) {

@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 
+#include "checkpoint/checkpoint_files.h"
 #include "common/bounded_json.h"
 #include "models/model.h"
 #include "parallel/replica.h"
@@ -79,10 +81,12 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
 
     c10::DeviceGuard guard(device);
     std::unique_ptr<models::DecoderModel> model;
+    std::map<std::string, std::string> companion_files;
     const auto dtype = ModelDtype(precision);
     const auto start = Clock::now();
     if (has_path) {
       model = models::LoadPretrained(options.model_path, &table, dtype, device);
+      companion_files = ReadCompanionFiles(options.model_path);
     } else {
       model = models::CreateRandom(config_json, &table, options.seed, dtype, device);
     }
@@ -90,7 +94,8 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
     WarmUpMatmulLibraries(device, dtype);
     std::vector<int> devices;
     if (device.is_cuda()) devices = {static_cast<int>(device.index())};
-    *replica = MakeSingleDeviceSession(std::move(model), precision, device, devices, options, fused_adamw);
+    *replica = MakeSingleDeviceSession(std::move(model), precision, device, devices, options, fused_adamw,
+                                       std::move(companion_files));
     Logf(LogLevel::kInfo, "session on ", device.str(), ": weights ", has_path ? "loaded" : "initialised", " in ",
          weights_seconds, " s, buffers in ", SecondsSince(start) - weights_seconds, " s");
     return Status::Ok();

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <system_error>
 
@@ -59,7 +60,8 @@ bool UseUpdateStream() {
 class SessionImpl final : public ReplicaSession {
  public:
   SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
-              std::vector<int> devices, const SessionOptions& options, bool fused_adamw)
+              std::vector<int> devices, const SessionOptions& options, bool fused_adamw,
+              std::map<std::string, std::string> companion_files)
       : release_on_close_(device),
         model_(std::move(model)),
         device_(device),
@@ -67,6 +69,7 @@ class SessionImpl final : public ReplicaSession {
         optimizer_(options.optimizer),
         seed_(options.seed),
         fused_adamw_(fused_adamw),
+        companion_files_(std::move(companion_files)),
         limits_{model_->config().vocab_size, model_->config().max_position_embeddings, 0} {
     // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
     flat_ = std::make_unique<FlatParameters>(*model_, precision, /*allocate_grads=*/!options.optimizer_in_backward);
@@ -209,7 +212,8 @@ class SessionImpl final : public ReplicaSession {
       contents.optimizer = {{"exp_avg", flat_->exp_avg()}, {"exp_avg_sq", flat_->exp_avg_sq()}};
       if (flat_->master().defined()) contents.optimizer["master"] = flat_->master();
       contents.optimizer_metadata = {{"format", "tigon-flat-adamw"}, {"step", std::to_string(step_)}};
-      contents.trainer_state = TrainerState().dump(1);
+      contents.tigon_state = TigonState().dump(1);
+      contents.companion_files = companion_files_;
       WriteCheckpoint(parent_fd, name, contents);
       Logf(LogLevel::kInfo, "saved checkpoint at step ", step_, " to ", label);
       return Status::Ok();
@@ -245,7 +249,7 @@ class SessionImpl final : public ReplicaSession {
       }
       auto tensors = ReadModelTensorsAt(dir_fd, dir);
       std::map<std::string, torch::Tensor> optimizer;
-      nlohmann::json trainer;
+      nlohmann::json state;  // tigon_state.json
       const bool has_optimizer = RegularFileAt(dir_fd, "optimizer.safetensors");
       if (has_optimizer) {
         optimizer = ReadSafetensorsAt(dir_fd, "optimizer.safetensors", dir);
@@ -257,7 +261,11 @@ class SessionImpl final : public ReplicaSession {
                               " is missing or does not match this session's " +
                               std::to_string(flat_->numel()) + " parameters");
         }
-        if (RegularFileAt(dir_fd, "trainer_state.json")) trainer = ReadJsonAt(dir_fd, "trainer_state.json", dir);
+        for (const char* file : {kTigonStateFile, kLegacyTigonStateFile}) {
+          if (!RegularFileAt(dir_fd, file)) continue;
+          state = ReadJsonAt(dir_fd, file, dir);
+          break;
+        }
       }
       for (const auto& slot : flat_->slots()) {
         auto it = tensors.find(slot.name);
@@ -287,7 +295,7 @@ class SessionImpl final : public ReplicaSession {
             flat_->SyncMasterFromParams();
           }
         }
-        step_ = trainer.value("step", int64_t{0});
+        step_ = state.value("step", int64_t{0});
       } else {
         flat_->ResetOptimizerState();
         step_ = 0;
@@ -322,7 +330,7 @@ class SessionImpl final : public ReplicaSession {
     return out.str();
   }
 
-  nlohmann::json TrainerState() const {
+  nlohmann::json TigonState() const {
     nlohmann::json state;
     state["format"] = kCheckpointFormat;
     state["step"] = step_;
@@ -538,6 +546,8 @@ class SessionImpl final : public ReplicaSession {
   OptimizerSettings optimizer_;
   uint64_t seed_;
   bool fused_adamw_;
+  // The model folder's tokenizer and generation config, read at creation: every checkpoint gets a copy.
+  std::map<std::string, std::string> companion_files_;
   BatchLimits limits_;  // what CheckBatch holds this session's batches to
   int64_t step_ = 0;
   int64_t pending_batches_ = 0;
@@ -551,9 +561,10 @@ class SessionImpl final : public ReplicaSession {
 std::unique_ptr<ReplicaSession> MakeSingleDeviceSession(std::unique_ptr<models::DecoderModel> model,
                                                         Precision precision, torch::Device device,
                                                         std::vector<int> devices, const SessionOptions& options,
-                                                        bool fused_adamw) {
+                                                        bool fused_adamw,
+                                                        std::map<std::string, std::string> companion_files) {
   return std::make_unique<SessionImpl>(std::move(model), precision, device, std::move(devices), options,
-                                       fused_adamw);
+                                       fused_adamw, std::move(companion_files));
 }
 
 }  // namespace engine
