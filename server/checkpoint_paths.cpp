@@ -214,6 +214,11 @@ grpc::Status CheckpointRoot::Locate(const std::string& request_path, const Calle
                               " names a temporary folder of an unfinished save (NAME.tmp-PID-N), not a checkpoint");
     }
   }
+  if (parts.front() == kSessionJournalFolder) {
+    return grpc::Status(StatusCode::PERMISSION_DENIED, std::string("the checkpoint root's '") +
+                                                           kSessionJournalFolder +
+                                                           "' folder holds the server's session records, not checkpoints");
+  }
   out->relative = Join(parts, base.size(), parts.size());
   out->namespace_depth = base.size();
   out->components = std::move(parts);
@@ -320,6 +325,10 @@ grpc::Status CheckpointRoot::LocateFolder(const std::string& request_path, const
   for (size_t i = 0; i < location.namespace_depth; ++i) *namespace_folder += "/" + location.components[i];
   *folder = root_ + "/" + Join(location.components, 0, location.components.size());
   return grpc::Status::OK;
+}
+
+std::string RootRelative(const CheckpointLocation& location) {
+  return Join(location.components, 0, location.components.size());
 }
 
 }  // namespace tigon::server

@@ -40,12 +40,19 @@ class FolderFd {
   int fd_ = -1;
 };
 
+// The folder of the root where --resume-sessions keeps its records (session_journal.h): a name no
+// principal can have, and which no checkpoint path may enter.
+inline constexpr const char* kSessionJournalFolder = "+sessions";
+
 // Where a request's path leads, before anything is opened.
 struct CheckpointLocation {
   std::vector<std::string> components;  // from the root: the caller's namespace first (for a user)
   size_t namespace_depth = 0;           // how many of them name the namespace (1 for a user, 0 for an admin)
   std::string relative;                 // the path as the caller addresses it (from its namespace)
 };
+
+// The location's folder relative to the root ("alice/run/step-4"): what an admin names it by.
+std::string RootRelative(const CheckpointLocation& location);
 
 // A checkpoint to save: the folder that holds it, open (created when missing), and its name in it.
 struct CheckpointSaveTarget {

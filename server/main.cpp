@@ -152,8 +152,17 @@ int Run(const ServerOptions& options) {
   config.call_order_timeout_seconds = options.call_order_timeout_seconds;
   config.max_parameters = options.max_parameters;
   config.model_roots = std::move(model_roots);
+  if (options.resume_sessions) {
+    config.journal = SessionJournal::Open(checkpoints.root(), &error);
+    if (config.journal == nullptr) {
+      spdlog::critical("{}", error);
+      return 2;
+    }
+  }
   const size_t auth_tokens = auth.size(), auth_admins = auth.admin_count();
   TrainerService service(config, engine, std::move(auth), checkpoints, &metrics);
+  // Before the port opens, so that a client's first retry after the restart finds its session.
+  if (options.resume_sessions) spdlog::info("--resume-sessions: {} session(s) resumed", service.ResumeSessions());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -143,6 +143,16 @@ const std::vector<Flag>& Flags() {
          o->metrics_listen_given = true;
          return ValidListenAddress(v);
        }},
+      {"resume-sessions", "",
+       "(a switch; needs --checkpoint-root) note each session under <checkpoint-root>/+sessions, and at "
+       "start bring back every session noted there that saved (or loaded) a checkpoint: same id and owner, "
+       "at that checkpoint's step. Lost: the steps after it, pending gradients, remembered request ids; "
+       "a session that never saved does not come back",
+       [](const std::string& v, ServerOptions* o) {
+         if (v != "true" && v != "false") return false;
+         o->resume_sessions = v == "true";
+         return true;
+       }},
       {"metrics-token-file", "FILE",
        "file with the bearer tokens that may scrape the metrics endpoint, in the --auth-token-file format "
        "(one token per line serves as Prometheus' authorization.credentials_file); every request then needs "
@@ -200,7 +210,9 @@ ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOpti
       *error = "unknown flag --" + name + " (see --help)";
       return ParseOutcome::kExitError;
     }
-    if (!has_value) {
+    if (!has_value && *flag->value_name == '\0') {  // a switch: --flag alone means --flag=true
+      value = "true";
+    } else if (!has_value) {
       if (i + 1 >= args.size()) {
         *error = "flag --" + name + " needs a value " + flag->value_name;
         return ParseOutcome::kExitError;
@@ -214,6 +226,10 @@ ParseOutcome ParseServerOptions(const std::vector<std::string>& args, ServerOpti
   }
   if (options->tls_cert.empty() != options->tls_key.empty()) {
     *error = "--tls-cert and --tls-key go together: give both or neither";
+    return ParseOutcome::kExitError;
+  }
+  if (options->resume_sessions && options->checkpoint_root.empty()) {
+    *error = "--resume-sessions needs --checkpoint-root, where sessions are noted and checkpoints kept";
     return ParseOutcome::kExitError;
   }
   if (!options->tls_client_ca.empty() && options->tls_cert.empty()) {

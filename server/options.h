@@ -10,6 +10,7 @@ namespace tigon::server {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free port (printed at start)
   std::string auth_token_file;             // empty: no authentication
+  bool resume_sessions = false;            // --resume-sessions
   std::string checkpoint_root;             // empty: Save/LoadCheckpoint answer FAILED_PRECONDITION
   // Folders whose model folders CreateSession's model_path may name (--model-root, repeatable). With
   // none, model_path reaches only the caller's checkpoints (and is off without --checkpoint-root).

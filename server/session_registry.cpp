@@ -72,10 +72,15 @@ std::string SessionRegistry::NewSessionId() {
   }
 }
 
-void SessionRegistry::Add(const std::shared_ptr<SessionEntry>& entry) {
+bool SessionRegistry::Add(const std::shared_ptr<SessionEntry>& entry) {
   std::lock_guard<std::mutex> lock(mu_);
-  entry->id = NewSessionId();
+  if (entry->id.empty()) {
+    entry->id = NewSessionId();
+  } else if (sessions_.count(entry->id) != 0) {
+    return false;
+  }
   sessions_[entry->id] = entry;
+  return true;
 }
 
 bool SessionRegistry::Remove(const std::string& session_id) {

@@ -81,8 +81,9 @@ class SessionRegistry {
   };
   grpc::Status Reserve(Slot* slot);
 
-  // Adds a new session under a fresh id, which it writes into entry->id.
-  void Add(const std::shared_ptr<SessionEntry>& entry);
+  // Adds a new session under a fresh id, which it writes into entry->id; or, when entry->id is set (a
+  // session resumed after a restart), under that id, unless it is taken (false).
+  bool Add(const std::shared_ptr<SessionEntry>& entry);
   // Removes the session from the registry (its entry lives on with those who hold it); false if absent.
   bool Remove(const std::string& session_id);
   // The sessions `caller` may use.

@@ -49,7 +49,10 @@ grpc::Status SessionSequence::WaitForTurn(const std::string& name, uint64_t numb
                                           Turn* turn) {
   if (number == 0) return grpc::Status::OK;
   std::unique_lock<std::mutex> lock(mu_);
+  const bool known = streams_.count(name) > 0;
   Stream& stream = streams_[name];
+  // After a restart the calls numbered before it never come: a stream first seen then begins here.
+  if (!known && streams_begin_at_first_call_) stream.next = number;
   stream.last_used = ++uses_;
   if (!stream.broken.empty()) return grpc::Status(grpc::StatusCode::ABORTED, stream.broken);
   if (number < stream.next || stream.arrived.count(number) > 0) return grpc::Status::OK;  // a retry

@@ -52,6 +52,13 @@ class SessionSequence {
   // (ABORTED), so that none runs out of order; the client then starts a new stream.
   grpc::Status WaitForTurn(const std::string& stream, uint64_t number, const Limits& limits, Turn* turn);
 
+  // For a session resumed after a server restart (--resume-sessions): a stream first seen here starts at
+  // the number of its first call, since the calls numbered before it went to the server that stopped.
+  void BeginStreamsAtFirstCall() {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_begin_at_first_call_ = true;
+  }
+
   // Streams kept per session; the least recently used idle ones beyond this are forgotten.
   static constexpr size_t kMaxStreams = 4096;
 
@@ -72,6 +79,7 @@ class SessionSequence {
   std::condition_variable changed_;
   std::map<std::string, Stream> streams_;  // guarded by mu_
   uint64_t uses_ = 0;                      // guarded by mu_
+  bool streams_begin_at_first_call_ = false;  // guarded by mu_
 };
 
 }  // namespace tigon::server

@@ -42,7 +42,8 @@ TrainerService::TrainerService(ServiceConfig config, EngineApi engine, TokenAuth
       checkpoints_(std::move(checkpoints)),
       metrics_(metrics),
       started_(Clock::now()),
-      sessions_(config_.max_sessions) {
+      sessions_(config_.max_sessions),
+      journal_(config_.journal != nullptr ? *config_.journal : journal_off_) {
   if (config_.session_idle_timeout_seconds > 0) {
     reaper_ = std::thread([this] {
       // Checks a few times per timeout, at most every 5 s.
@@ -224,6 +225,7 @@ int TrainerService::CloseIdleSessions() {
     if (!step_lock.owns_lock() || entry->closed) continue;                // in a step: not idle
     if (SteadyNowNs() - entry->last_used_ns.load() <= limit_ns) continue;  // used meanwhile
     sessions_.Remove(entry->id);
+    journal_.Closed(entry->id);
     CloseEntry(*entry, fmt::format(" after {:.0f} s without a call (--session-idle-timeout)",
                                    config_.session_idle_timeout_seconds));
     ++closed;
@@ -253,59 +255,73 @@ int64_t TrainerService::calls_in_flight() const { return calls_.in_flight(); }
 grpc::Status TrainerService::CreateSession(grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
                                            v1::SessionInfo* response) {
   return Handle("CreateSession", ctx, [&](const Caller& caller) -> grpc::Status {
-    tigon::SessionOptions options;
-    const int device_count = static_cast<int>(engine_.list_devices().size());
-    ModelFolder folder;  // what a model_path names, resolved inside the model roots (model_roots.h)
-    grpc::Status status = ResolveModelFolder(config_.model_roots, checkpoints_, caller, *request, &folder);
-    if (status.ok()) status = ValidateCreateSession(*request, engine_.model_families, device_count, &options,
-                                                    config_.max_parameters, &folder);
+    std::shared_ptr<SessionEntry> entry;
+    grpc::Status status = BuildSession(caller, *request, ctx, &entry);
     if (!status.ok()) return status;
-    WorldRank world;
-    status = ValidateWorldRank(*request, device_count, &world);
-    if (!status.ok()) return status;
-    if (world.world_size > 0 && options.devices.empty()) options.devices = {0};
-    SessionRegistry::Slot slot;
-    status = sessions_.Reserve(&slot);
-    if (!status.ok()) return status;
-    if (std::chrono::system_clock::now() >= ctx->deadline()) {
-      return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the session was created");
+    if (entry->world.world_size == 0) {
+      journal_.Created({entry->id, caller.name, caller.admin, *request, "", 0});
     }
-    const auto start = Clock::now();
-    std::unique_ptr<tigon::Session> session;
-    // A rank of a session over several servers returns once every rank has joined.
-    tigon::Status engine_status = world.world_size > 0 ? engine_.create_world_session(options, world, &session)
-                                                       : engine_.create_session(options, &session);
-    if (!engine_status.ok()) {
-      if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
-        metrics_->RecordOutOfMemory("unknown");
-      }
-      return HideModelFolder(ToGrpcStatus(engine_status), folder);
-    }
-    if (session == nullptr) return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
-    // A caller that gave up while the model was built would never learn the session's id: drop it
-    // rather than leak a session (and its device memory) until shutdown.
-    if (ctx->IsCancelled()) {
-      spdlog::info("CreateSession: the caller left after {:.2f} s; the new session is dropped", SecondsSince(start));
-      return std::chrono::system_clock::now() >= ctx->deadline()
-                 ? Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed while the session was created")
-                 : Error(grpc::StatusCode::CANCELLED, "the call was cancelled while the session was created");
-    }
-    auto entry = std::make_shared<SessionEntry>();
-    entry->owner = caller.name;
-    entry->session = std::move(session);
-    entry->RefreshInfo();
-    entry->vocab_size = entry->info.vocab_size;
-    entry->max_position_embeddings = entry->info.max_position_embeddings;
-    entry->model_family = entry->info.model_family;
-    entry->options = options;
-    entry->world = world;
-    sessions_.Add(entry);
-    if (metrics_ != nullptr) metrics_->SessionOpened(entry->id, entry->info);
-    spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id, entry->info.model_family,
-                 entry->info.precision, options.kernels, entry->info.parameter_count, SecondsSince(start));
     ToProto(entry->InfoSnapshot(), entry->id, entry->world, response);
     return grpc::Status::OK;
   });
+}
+
+grpc::Status TrainerService::BuildSession(const Caller& caller, const v1::CreateSessionRequest& request,
+                                          grpc::ServerContext* ctx, std::shared_ptr<SessionEntry>* entry_out) {
+  tigon::SessionOptions options;
+  const int device_count = static_cast<int>(engine_.list_devices().size());
+  ModelFolder folder;  // what a model_path names, resolved inside the model roots (model_roots.h)
+  grpc::Status status = ResolveModelFolder(config_.model_roots, checkpoints_, caller, request, &folder);
+  if (status.ok()) status = ValidateCreateSession(request, engine_.model_families, device_count, &options,
+                                                  config_.max_parameters, &folder);
+  if (!status.ok()) return status;
+  WorldRank world;
+  status = ValidateWorldRank(request, device_count, &world);
+  if (!status.ok()) return status;
+  if (world.world_size > 0 && options.devices.empty()) options.devices = {0};
+  SessionRegistry::Slot slot;
+  status = sessions_.Reserve(&slot);
+  if (!status.ok()) return status;
+  if (ctx != nullptr && std::chrono::system_clock::now() >= ctx->deadline()) {
+    return Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the session was created");
+  }
+  const auto start = Clock::now();
+  std::unique_ptr<tigon::Session> session;
+  // A rank of a session over several servers returns once every rank has joined.
+  tigon::Status engine_status = world.world_size > 0 ? engine_.create_world_session(options, world, &session)
+                                                     : engine_.create_session(options, &session);
+  if (!engine_status.ok()) {
+    if (engine_status.code() == tigon::StatusCode::kResourceExhausted && metrics_ != nullptr) {
+      metrics_->RecordOutOfMemory("unknown");
+    }
+    return HideModelFolder(ToGrpcStatus(engine_status), folder);
+  }
+  if (session == nullptr) return Error(grpc::StatusCode::INTERNAL, "the engine created no session");
+  // A caller that gave up while the model was built would never learn the session's id: drop it
+  // rather than leak a session (and its device memory) until shutdown.
+  if (ctx != nullptr && ctx->IsCancelled()) {
+    spdlog::info("CreateSession: the caller left after {:.2f} s; the new session is dropped", SecondsSince(start));
+    return std::chrono::system_clock::now() >= ctx->deadline()
+               ? Error(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed while the session was created")
+               : Error(grpc::StatusCode::CANCELLED, "the call was cancelled while the session was created");
+  }
+  auto entry = *entry_out != nullptr ? *entry_out : std::make_shared<SessionEntry>();
+  entry->owner = caller.name;
+  entry->session = std::move(session);
+  entry->RefreshInfo();
+  entry->vocab_size = entry->info.vocab_size;
+  entry->max_position_embeddings = entry->info.max_position_embeddings;
+  entry->model_family = entry->info.model_family;
+  entry->options = options;
+  entry->world = world;
+  if (!sessions_.Add(entry)) {
+    return Error(grpc::StatusCode::ALREADY_EXISTS, "session '" + entry->id + "' exists already");
+  }
+  if (metrics_ != nullptr) metrics_->SessionOpened(entry->id, entry->info);
+  spdlog::info("session {} created: {} {} kernels={} parameters={} in {:.2f} s", entry->id, entry->info.model_family,
+               entry->info.precision, options.kernels, entry->info.parameter_count, SecondsSince(start));
+  *entry_out = entry;
+  return grpc::Status::OK;
 }
 
 grpc::Status TrainerService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* request,
@@ -337,6 +353,7 @@ grpc::Status TrainerService::CloseSession(grpc::ServerContext* ctx, const v1::Cl
     }
     // Waits for a running step: the engine session is destroyed only between steps.
     std::lock_guard<std::timed_mutex> step_lock(entry.step_mu);
+    journal_.Closed(entry.id);
     CloseEntry(entry, "");
     return grpc::Status::OK;
   };
@@ -437,8 +454,10 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointSaveTarget target;  // the checkpoint's parent folder, held open until the save is done
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
   call.order = &request->order();
+  CheckpointLocation location;  // for the journal: where the checkpoint is, from the root
   call.check = [&](const SessionEntry&, const Caller& caller) {
-    return checkpoints_.OpenForSave(request->path(), caller, &target);
+    grpc::Status status = checkpoints_.Locate(request->path(), caller, &location);
+    return status.ok() ? checkpoints_.OpenForSave(request->path(), caller, &target) : status;
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
@@ -450,6 +469,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
     out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
+    journal_.Checkpointed(entry.id, RootRelative(location), out->step());
     spdlog::info("session {} saved checkpoint '{}' at step {}", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };
@@ -461,8 +481,10 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointLoadTarget target;  // the checkpoint's folder, held open until the load is done
   SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
   call.order = &request->order();
+  CheckpointLocation location;  // for the journal: where the checkpoint is, from the root
   call.check = [&](const SessionEntry&, const Caller& caller) {
-    return checkpoints_.OpenForLoad(request->path(), caller, &target);
+    grpc::Status status = checkpoints_.Locate(request->path(), caller, &location);
+    return status.ok() ? checkpoints_.OpenForLoad(request->path(), caller, &target) : status;
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
@@ -474,6 +496,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
     out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
+    journal_.Checkpointed(entry.id, RootRelative(location), out->step());
     spdlog::info("session {} loaded checkpoint '{}' (step {})", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };

@@ -24,6 +24,7 @@
 #include "server/engine_api.h"
 #include "server/metrics.h"
 #include "server/model_roots.h"
+#include "server/session_journal.h"
 #include "server/session_registry.h"
 #include "tigon/engine.h"
 #include "tigon/v1/trainer.grpc.pb.h"
@@ -43,6 +44,8 @@ struct ServiceConfig {
   int64_t max_parameters = 0;
   // The folders model_path may name besides the caller's checkpoints (--model-root).
   ModelRoots model_roots;
+  // --resume-sessions: sessions noted under the checkpoint root come back at their last checkpoint.
+  std::shared_ptr<const SessionJournal> journal;  // null: off
 };
 
 class TrainerService final : public v1::Trainer::Service {
@@ -78,8 +81,13 @@ class TrainerService final : public v1::Trainer::Service {
   grpc::Status NewCommunicatorId(grpc::ServerContext* ctx, const v1::NewCommunicatorIdRequest* request,
                                  v1::NewCommunicatorIdResponse* response) override;
 
-  // Closes every session (used at shutdown, after the server stopped taking calls).
+  // Closes every session (used at shutdown, after the server stopped taking calls). Their journal
+  // records stay, for --resume-sessions.
   void CloseAllSessions();
+  // At start, with --resume-sessions: recreates each journalled session that has a checkpoint, under
+  // its id and owner, and loads the checkpoint into it (session_resume.cpp). Sessions never saved, and
+  // those that fail to come back, are logged and forgotten. Returns how many came back.
+  int ResumeSessions();
   // Closes the sessions idle for longer than the configured timeout, skipping any in a step; returns
   // how many. Runs every few seconds on its own thread when the timeout is set.
   int CloseIdleSessions();
@@ -139,6 +147,11 @@ class TrainerService final : public v1::Trainer::Service {
   grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
   // Under the session's step lock: closes it and records why.
   void CloseEntry(SessionEntry& entry, const std::string& why);
+  // CreateSession's work for `caller`: checks the request, builds the engine session and registers it
+  // (under `entry->id` when that is set). `ctx` is the call's (its deadline and cancellation), or null
+  // when the server resumes a session itself.
+  grpc::Status BuildSession(const Caller& caller, const v1::CreateSessionRequest& request, grpc::ServerContext* ctx,
+                            std::shared_ptr<SessionEntry>* entry);
 
   const ServiceConfig config_;
   const EngineApi engine_;
@@ -148,6 +161,8 @@ class TrainerService final : public v1::Trainer::Service {
   const std::chrono::steady_clock::time_point started_;
 
   SessionRegistry sessions_;
+  const SessionJournal journal_off_;
+  const SessionJournal& journal_;  // config_.journal, or journal_off_
   std::mutex measure_mu_;  // one MeasureSavings at a time, so that measurements do not overlap
 
   std::mutex reaper_mu_;
