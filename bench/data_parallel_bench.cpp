@@ -454,44 +454,12 @@ int RunBench(const Args& a, const std::string& config) {
   return 0;
 }
 
-std::string ToHex(const std::string& bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-std::string FromHex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
-}
-
-// Rows [first, first + count) of the batch that rank r of `ranks` trains: split as the engine splits in
-// process (as even as possible, the first ranks taking one more).
-tigon::Batch RowsOfRank(const tigon::Batch& batch, int r, int ranks) {
-  int64_t first = 0, count = 0;
-  for (int k = 0; k <= r; ++k) {
-    first += count;
-    count = batch.batch / ranks + (k < batch.batch % ranks ? 1 : 0);
-  }
-  tigon::Batch out;
-  out.batch = count;
-  out.seq_len = batch.seq_len;
-  out.input_ids.assign(batch.input_ids.begin() + first * batch.seq_len,
-                       batch.input_ids.begin() + (first + count) * batch.seq_len);
-  return out;
-}
-
 // Rank a.rank of the a.devices.size() processes the parent started, joined through the parent's NCCL id.
 tigon::DataParallelOptions RankParallelOptions(const Args& a) {
   tigon::DataParallelOptions parallel;
   parallel.world_size = static_cast<int>(a.devices.size());
   parallel.rank = a.rank;
-  parallel.nccl_unique_id = FromHex(a.unique_id_hex);
+  if (!tigon::UniqueIdFromHex(a.unique_id_hex, &parallel.nccl_unique_id)) parallel.nccl_unique_id.clear();
   parallel.collective_timeout_seconds = 120;
   return parallel;
 }
@@ -513,7 +481,7 @@ std::unique_ptr<tigon::Session> CreateRankSession(const Args& a, const std::stri
 bool TrainRankStep(tigon::Session& session, const Args& a, const tigon::Batch& batch, int step,
                    tigon::StepStats* stats) {
   const tigon::Status status =
-      session.TrainStep(RowsOfRank(batch, a.rank, static_cast<int>(a.devices.size())), {}, stats);
+      session.TrainStep(tigon::RowsOfRank(batch, a.rank, static_cast<int>(a.devices.size())), {}, stats);
   if (!status.ok()) {
     std::fprintf(stderr, "rank %d: step %d failed: %s\n", a.rank, step, status.ToString().c_str());
     return false;
@@ -642,7 +610,7 @@ int RunBenchProcesses(const Args& a, const std::string& config, const char* self
       self, a,
       [&](int r) -> std::vector<std::string> {
         return {self, "--devices", DeviceList(a.devices), "--rank", std::to_string(r),
-                "--unique-id", ToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
+                "--unique-id", tigon::UniqueIdToHex(id), "--out", base + "." + std::to_string(r), "--precision", a.precision,
                 "--kernels", a.kernels, "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
                 "--rows-per-device", std::to_string(a.rows), "--seq", std::to_string(a.seq), "--bucket-mb",
                 Fixed("%.17g", a.bucket_mb)};

@@ -492,5 +492,31 @@ TEST(DataParallel, AnUpdateThatFailsOnOneReplicaBreaksTheSession) {
   EXPECT_NE(status.message().find("broken"), std::string::npos) << status.message();
 }
 
+// Ranks in separate processes split a batch as a session over several devices does.
+TEST(DataParallel, RowsOfRankSplitLikeTheSessionAndTheIdTravelsAsHex) {
+  Batch batch = RandomBatch(7, 5, 3);
+  batch.labels = batch.input_ids;
+  batch.loss_weights.assign(batch.input_ids.size(), 0.5f);
+  const int64_t expected_rows[] = {3, 2, 2};  // 7 rows over 3 ranks: the first takes one more
+  std::vector<int32_t> joined;
+  for (int rank = 0; rank < 3; ++rank) {
+    const Batch rows = RowsOfRank(batch, rank, 3);
+    EXPECT_EQ(rows.batch, expected_rows[rank]);
+    EXPECT_EQ(rows.seq_len, 5);
+    EXPECT_EQ(rows.labels.size(), rows.input_ids.size());
+    EXPECT_EQ(rows.loss_weights.size(), rows.input_ids.size());
+    joined.insert(joined.end(), rows.input_ids.begin(), rows.input_ids.end());
+  }
+  EXPECT_EQ(joined, batch.input_ids) << "in order, every row once";
+  std::string id(128, '\0');
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 37 + 11);
+  std::string back;
+  ASSERT_TRUE(UniqueIdFromHex(UniqueIdToHex(id), &back));
+  EXPECT_EQ(back, id);
+  EXPECT_EQ(UniqueIdToHex("\x01\xab"), "01ab");
+  EXPECT_FALSE(UniqueIdFromHex("abc", &back)) << "odd length";
+  EXPECT_FALSE(UniqueIdFromHex("zz", &back)) << "not hex";
+}
+
 }  // namespace
 }  // namespace tigon

@@ -357,30 +357,6 @@ constexpr const char* kRank = "TIGON_DP_RANK";
 constexpr const char* kRankDevices = "TIGON_DP_RANK_DEVICES";
 constexpr const char* kRankUniqueId = "TIGON_DP_RANK_UNIQUE_ID";
 
-std::string ToHex(const std::string& bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-std::string FromHex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
-}
-
-// The rows of `batch` that rank r of `ranks` trains, split as the engine splits within a process (as even as
-// possible, the first ranks taking one more).
-Batch RowsOfRank(const Batch& batch, int r, int ranks) {
-  int64_t first = 0;
-  for (int k = 0; k < r; ++k) first += batch.batch / ranks + (k < batch.batch % ranks ? 1 : 0);
-  return Rows(batch, first, batch.batch / ranks + (r < batch.batch % ranks ? 1 : 0));
-}
-
 // Waits for every child; when one fails the others are stopped (they would wait for it in a collective until
 // their timeout). True when all exited with 0.
 bool WaitForChildren(std::vector<pid_t> children) {
@@ -418,7 +394,7 @@ TEST(DataParallelDevices, CudaRanksInSeparateProcessesEqualOneDevice) {
     std::vector<std::string> env = {std::string(kRankOutput) + "=" + base + "." + std::to_string(r),
                                     std::string(kRank) + "=" + std::to_string(r),
                                     std::string(kRankDevices) + "=" + devices,
-                                    std::string(kRankUniqueId) + "=" + ToHex(id)};
+                                    std::string(kRankUniqueId) + "=" + UniqueIdToHex(id)};
     std::vector<char*> envp;
     for (char** e = environ; *e; ++e) envp.push_back(*e);
     for (auto& e : env) envp.push_back(e.data());
@@ -475,7 +451,10 @@ int DataParallelRankChildMain() {
   DataParallelOptions parallel;
   parallel.world_size = static_cast<int>(devices.size());
   parallel.rank = rank;
-  parallel.nccl_unique_id = FromHex(std::getenv(kRankUniqueId));
+  if (!UniqueIdFromHex(std::getenv(kRankUniqueId), &parallel.nccl_unique_id)) {
+    std::fprintf(stderr, "rank %d: %s is not hex\n", rank, kRankUniqueId);
+    return 1;
+  }
   parallel.collective_timeout_seconds = 60;
   std::unique_ptr<Session> session;
   Status status = CreateDataParallelSession(Options(s, {devices.at(rank)}), parallel, &session);

@@ -121,6 +121,15 @@ def shared_server(tmp_path_factory):
     server.stop()
 
 
+def process_memory_bytes(pid, field="VmRSS"):
+    """A memory figure of /proc/PID/status in bytes: VmRSS (resident now) or VmHWM (the peak)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def byte_batches(text, batch, seq_len, count, seed=0):
     """`count` [batch, seq_len] windows of the UTF-8 bytes of `text` at seeded random offsets."""
     import random

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tigon
-from conftest import TINY_LLAMA
+from conftest import TINY_LLAMA, process_memory_bytes
 
 LIMIT_BYTES = 8 << 20  # the tiny model and a normal step need well under 1 MiB of CPU tensors
 NORMAL = np.arange(2 * 16, dtype=np.int32).reshape(2, 16) % 256
@@ -17,12 +17,6 @@ NORMAL = np.arange(2 * 16, dtype=np.int32).reshape(2, 16) % 256
 BIG = (np.arange(64 * 128, dtype=np.int32).reshape(64, 128) * 7) % 256
 
 
-def resident_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture
@@ -59,8 +53,8 @@ def test_repeated_out_of_memory_does_not_grow_server_memory(limited_server):
                 steps += 1
                 assert s.train_step(NORMAL).step == steps
             if i == warmup - 1:
-                resident_after_warmup = resident_bytes(limited_server.proc.pid)
+                resident_after_warmup = process_memory_bytes(limited_server.proc.pid)
         assert s.info().step == steps
-        growth = resident_bytes(limited_server.proc.pid) - resident_after_warmup
+        growth = process_memory_bytes(limited_server.proc.pid) - resident_after_warmup
         print(f"server resident memory growth over {repeats - warmup} failed steps: {growth} bytes")
         assert growth < 32 << 20, f"the server grew by {growth} bytes"

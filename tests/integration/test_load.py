@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 import tigon
-from conftest import TINY_LLAMA
+from conftest import TINY_LLAMA, process_memory_bytes
 
 CLIENTS = 32
 SESSIONS = 8
@@ -18,12 +18,6 @@ WARMUP_S = 5.0
 RSS_MARGIN_BYTES = 16 << 20
 
 
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 # Practice: Triton's L0 perf_analyzer/load suites (many concurrent clients, latency percentiles, zero
@@ -71,16 +65,16 @@ def test_32_clients_on_8_sessions_lose_nothing_and_keep_memory_stable(start_serv
     for t in threads:
         t.start()
     time.sleep(WARMUP_S)
-    rss_warm = rss_bytes(server.proc.pid)
+    rss_warm = process_memory_bytes(server.proc.pid)
     calls_at_warm = len(latencies)
     peak = rss_warm
     while any(t.is_alive() for t in threads):
         time.sleep(0.5)
-        peak = max(peak, rss_bytes(server.proc.pid))
+        peak = max(peak, process_memory_bytes(server.proc.pid))
     for t in threads:
         t.join()
     elapsed = time.monotonic() - start
-    rss_end = rss_bytes(server.proc.pid)
+    rss_end = process_memory_bytes(server.proc.pid)
 
     assert not errors, errors[:5]
     for index, session in enumerate(sessions):

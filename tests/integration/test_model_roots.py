@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import tigon
-from conftest import ROOT
+from conftest import ROOT, process_memory_bytes
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llama")
 
@@ -100,12 +100,6 @@ def test_config_fields_are_not_echoed_and_engine_errors_name_no_server_path(star
     assert str(models) not in info.value.message and "model.safetensors" in info.value.message
 
 
-def peak_rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/PID/status")
 
 
 def test_an_oversized_sparse_config_is_refused_without_reading_it(start_server, layout):
@@ -117,10 +111,10 @@ def test_an_oversized_sparse_config_is_refused_without_reading_it(start_server, 
         f.truncate(256 << 20)  # 256 MiB, almost all of it a hole
     server = start_server(f"--model-root={models}")
     client = server.client()
-    before = peak_rss_bytes(server.proc.pid)
+    before = process_memory_bytes(server.proc.pid, "VmHWM")
     message = refusal(client, "huge", tigon.FailedPrecondition)
     assert "config.json is larger than" in message and "not read" in message
-    assert peak_rss_bytes(server.proc.pid) - before < (64 << 20), "the server read the file"
+    assert process_memory_bytes(server.proc.pid, "VmHWM") - before < (64 << 20), "the server read the file"
 
 
 def test_without_a_model_root_model_path_reaches_only_the_callers_checkpoints(start_server, layout, tmp_path):

@@ -46,6 +46,16 @@ Status CreateDataParallelSession(const SessionOptions& options, const DataParall
 // serves the ranks' rendezvous, so it must live until every rank has joined.
 Status NewNcclUniqueId(std::string* unique_id);
 
+// The rows of `batch` that rank `rank` of `world_size` trains on when each process holds one rank: the
+// split a data-parallel session makes over its devices (as even as possible, the first ranks taking one
+// more), so that ranks in several processes see together what one session over their devices sees.
+Batch RowsOfRank(const Batch& batch, int rank, int world_size);
+
+// An NCCL unique id as hex text and back, for handing it to other processes in a flag or an environment
+// variable. false for text that is not hex of an even length.
+std::string UniqueIdToHex(const std::string& unique_id);
+bool UniqueIdFromHex(const std::string& hex, std::string* unique_id);
+
 // Where one replica's time went in the last step. CUDA replicas time forward and backward with CUDA events
 // on the replica's compute stream (device time); CPU replicas with the host clock.
 struct ReplicaTimings {

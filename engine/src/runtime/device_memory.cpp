@@ -104,15 +104,20 @@ int64_t AvailableBytes(const torch::Device& device) {
 
 ReleaseMemoryOnDestruction::~ReleaseMemoryOnDestruction() {
   ReleaseCachedMemory(device_);
-  malloc_trim(0);
+  if (device_.is_cuda()) malloc_trim(0);  // the host memory of loading and checkpoints
 }
 
 void ReleaseCachedMemory(const torch::Device& device) {
 #ifdef TIGON_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
-#else
-  (void)device;
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    return;
+  }
 #endif
+  (void)device;
+  // The CPU's cache is the C heap: the blocks of a failed step's tensors, freed, stay with the process
+  // (tens of MB after a hundred failures) unless they are given back.
+  malloc_trim(0);
 }
 
 void WarmUpMatmulLibraries(const torch::Device& device, torch::ScalarType dtype) {

@@ -35,7 +35,8 @@ class ReleaseMemoryOnDestruction {
   torch::Device device_;
 };
 
-// Returns cached blocks to the driver (after an out-of-memory failure, so the next step starts clean).
+// Returns cached blocks to the driver (CUDA), or the C heap's free memory to the kernel (CPU): after an
+// out-of-memory failure, so the next step starts clean and failures do not grow the process.
 void ReleaseCachedMemory(const torch::Device& device);
 // Runs one small matmul forward and backward on `device` in `dtype`, so that the cuBLAS handles of this
 // thread and of autograd's backward thread, and their workspaces, exist before a large step fills the

@@ -146,3 +146,19 @@ def test_closing_sessions_gives_their_device_memory_back(gpu_server):
           f"{used_before / 2**30:.2f} -> {used_after / 2**30:.2f} GiB")
     assert reserved_after <= reserved_before + (256 << 20)
     assert used_after <= used_before + (512 << 20)
+
+
+def test_a_model_past_the_device_is_refused_at_once(gpu_server):
+    """A Llama-3-70B config on one H200 once took 100 s to fail inside the allocator; the estimate made
+    from the config refuses it before anything is allocated, saying what it needs and what there is."""
+    llama_70b = dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                     max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    started = time.monotonic()
+    with pytest.raises(tigon.ResourceExhausted) as refused:
+        gpu_server.client().create_session(llama_70b, precision="bf16").close()
+    seconds = time.monotonic() - started
+    message = refused.value.message
+    assert "needs at least" in message and "cuda:0 has" in message and "available" in message, message
+    assert seconds < 1.0, f"refused after {seconds:.1f} s"
+    assert gpu_server.client().server_info().active_sessions == 0
