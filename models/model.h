@@ -83,7 +83,8 @@ struct ModelConfig {
 enum class OpChoice { kFused, kReference };
 
 // Which implementation each op of the model uses. Names: "rms_norm", "rope", "swiglu" or "geglu" (by
-// family), "fused_linear_cross_entropy" (the lm_head + loss).
+// family), "fused_linear_cross_entropy" (the lm_head + loss), and "adamw" (the session's optimizer step,
+// which the engine runs; in the same table so that one override map chooses every op).
 class OpTable {
  public:
   static OpTable AllFused(const ModelConfig& config);

@@ -7,7 +7,8 @@ namespace tigon::models {
 
 std::vector<std::string> OpTable::OpNames(const ModelConfig& config) {
   const std::string mlp = config.hidden_act == "gelu_pytorch_tanh" ? "geglu" : "swiglu";
-  return {"rms_norm", "rope", mlp, "fused_linear_cross_entropy"};
+  // adamw is the session's optimizer, not the decoder's: the engine reads its choice from the same table.
+  return {"rms_norm", "rope", mlp, "fused_linear_cross_entropy", "adamw"};
 }
 
 namespace {
@@ -32,10 +33,11 @@ OpChoice OpTable::Get(const std::string& op) const {
 }
 
 void OpTable::Set(const std::string& op, OpChoice choice) {
-  static const std::vector<std::string> kKnown = {"rms_norm", "rope", "swiglu", "geglu", "fused_linear_cross_entropy"};
+  static const std::vector<std::string> kKnown = {"rms_norm", "rope", "swiglu", "geglu", "fused_linear_cross_entropy",
+                                                  "adamw"};
   if (std::find(kKnown.begin(), kKnown.end(), op) == kKnown.end()) {
     throw ModelError("op table: unknown op '" + op +
-                     "' (known: rms_norm, rope, swiglu, geglu, fused_linear_cross_entropy)");
+                     "' (known: rms_norm, rope, swiglu, geglu, fused_linear_cross_entropy, adamw)");
   }
   entries_[op] = choice;
 }

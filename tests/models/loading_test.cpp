@@ -359,9 +359,9 @@ TEST(OpTableTest, NamesPerFamilyAndUnknownOps) {
   const auto llama = ModelConfig::FromJson(testing::ReadConfig("llama"));
   const auto gemma = ModelConfig::FromJson(testing::ReadConfig("gemma"));
   EXPECT_EQ(OpTable::OpNames(llama),
-            (std::vector<std::string>{"rms_norm", "rope", "swiglu", "fused_linear_cross_entropy"}));
+            (std::vector<std::string>{"rms_norm", "rope", "swiglu", "fused_linear_cross_entropy", "adamw"}));
   EXPECT_EQ(OpTable::OpNames(gemma),
-            (std::vector<std::string>{"rms_norm", "rope", "geglu", "fused_linear_cross_entropy"}));
+            (std::vector<std::string>{"rms_norm", "rope", "geglu", "fused_linear_cross_entropy", "adamw"}));
   OpTable table = OpTable::AllFused(llama);
   EXPECT_EQ(table.Get("swiglu"), OpChoice::kFused);
   table.Set("rope", OpChoice::kReference);

@@ -70,14 +70,7 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
     models::OpChoice default_choice = ParseChoice("kernels", options.kernels);
     auto table = default_choice == models::OpChoice::kFused ? models::OpTable::AllFused(config)
                                                               : models::OpTable::AllReference(config);
-    bool fused_adamw = default_choice == models::OpChoice::kFused;
-    for (const auto& [op, value] : options.kernel_overrides) {
-      if (op == "adamw") {
-        fused_adamw = ParseChoice(op, value) == models::OpChoice::kFused;
-      } else {
-        table.Set(op, ParseChoice(op, value));
-      }
-    }
+    for (const auto& [op, value] : options.kernel_overrides) table.Set(op, ParseChoice(op, value));
 
     c10::DeviceGuard guard(device);
     std::unique_ptr<models::DecoderModel> model;
@@ -94,7 +87,7 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
     WarmUpMatmulLibraries(device, dtype);
     std::vector<int> devices;
     if (device.is_cuda()) devices = {static_cast<int>(device.index())};
-    *replica = MakeSingleDeviceSession(std::move(model), precision, device, devices, options, fused_adamw,
+    *replica = MakeSingleDeviceSession(std::move(model), precision, device, devices, options,
                                        std::move(companion_files));
     Logf(LogLevel::kInfo, "session on ", device.str(), ": weights ", has_path ? "loaded" : "initialised", " in ",
          weights_seconds, " s, buffers in ", SecondsSince(start) - weights_seconds, " s");

@@ -60,7 +60,7 @@ bool UseUpdateStream() {
 class SessionImpl final : public ReplicaSession {
  public:
   SessionImpl(std::unique_ptr<models::DecoderModel> model, Precision precision, torch::Device device,
-              std::vector<int> devices, const SessionOptions& options, bool fused_adamw,
+              std::vector<int> devices, const SessionOptions& options,
               std::map<std::string, std::string> companion_files)
       : release_on_close_(device),
         model_(std::move(model)),
@@ -68,7 +68,7 @@ class SessionImpl final : public ReplicaSession {
         devices_(std::move(devices)),
         optimizer_(options.optimizer),
         seed_(options.seed),
-        fused_adamw_(fused_adamw),
+        fused_adamw_(model_->ops().Get("adamw") == models::OpChoice::kFused),
         companion_files_(std::move(companion_files)),
         limits_{model_->config().vocab_size, model_->config().max_position_embeddings, 0} {
     // With the optimizer in backward the gradient buffer is only allocated if ForwardBackward is used.
@@ -87,7 +87,6 @@ class SessionImpl final : public ReplicaSession {
     info.max_position_embeddings = cfg.max_position_embeddings;
     for (const auto& [op, choice] : model_->ops().entries())
       info.ops.push_back({op, choice == models::OpChoice::kFused ? "fused" : "reference"});
-    info.ops.push_back({"adamw", fused_adamw_ ? "fused" : "reference"});
     info.devices = devices_;
     info.optimizer_in_backward = in_backward_ != nullptr;
     info.step = step_;
@@ -545,7 +544,7 @@ class SessionImpl final : public ReplicaSession {
   std::vector<int> devices_;
   OptimizerSettings optimizer_;
   uint64_t seed_;
-  bool fused_adamw_;
+  const bool fused_adamw_;  // the op table's "adamw" entry
   // The model folder's tokenizer and generation config, read at creation: every checkpoint gets a copy.
   std::map<std::string, std::string> companion_files_;
   BatchLimits limits_;  // what CheckBatch holds this session's batches to
@@ -561,10 +560,9 @@ class SessionImpl final : public ReplicaSession {
 std::unique_ptr<ReplicaSession> MakeSingleDeviceSession(std::unique_ptr<models::DecoderModel> model,
                                                         Precision precision, torch::Device device,
                                                         std::vector<int> devices, const SessionOptions& options,
-                                                        bool fused_adamw,
                                                         std::map<std::string, std::string> companion_files) {
   return std::make_unique<SessionImpl>(std::move(model), precision, device, std::move(devices), options,
-                                       fused_adamw, std::move(companion_files));
+                                       std::move(companion_files));
 }
 
 }  // namespace engine

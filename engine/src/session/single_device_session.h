@@ -20,7 +20,6 @@ namespace tigon::engine {
 std::unique_ptr<ReplicaSession> MakeSingleDeviceSession(std::unique_ptr<models::DecoderModel> model,
                                                         Precision precision, torch::Device device,
                                                         std::vector<int> devices, const SessionOptions& options,
-                                                        bool fused_adamw,
                                                         std::map<std::string, std::string> companion_files);
 
 }  // namespace tigon::engine
