@@ -11,7 +11,7 @@
 # A crash, an uncaught exception, a sanitizer report, an allocation over 1 GiB or an input that takes
 # over 10 s fails the run; the input is saved under $BUILD_DIR/fuzz-artifacts/<target>/ and printed in
 # base64. To keep it: copy it into fuzz/corpus/<target>/ under a descriptive name and add a gtest case
-# (tests/models/fuzz_regressions_test.cpp, tests/server/fuzz_regressions_test.cpp).
+# (tests/models/test_fuzz_regressions.cpp, tests/server/test_fuzz_regressions.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}

@@ -1,6 +1,6 @@
 // Device behaviour of the models layer, run where a GPU is present (the GPU machine): the same random
 // weights on every device, bf16 on the GPU close to the fp32 fixture, and CPU/GPU agreement of the
-// eval-only paths. The fp32 fixture parity on CUDA is in parity_test.cpp (the *_cuda cases). Compiled
+// eval-only paths. The fp32 fixture parity on CUDA is in test_parity.cpp (the *_cuda cases). Compiled
 // only against a CUDA LibTorch.
 #ifdef TIGON_WITH_CUDA
 #include "tests/models/model_test_util.h"
