@@ -179,3 +179,19 @@ def test_a_taken_default_metrics_port_does_not_stop_the_server(tmp_path):
         assert "running without metrics" in (tmp_path / "server.log").read_text()
     finally:
         holder.close()
+
+
+def test_version_a_taken_port_and_the_start_line_speak_plainly(start_server):
+    out = subprocess.run([server_binary(), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and re.fullmatch(r"tigon-server \d+\.\d+\.\d+ \(engine \S+\)\n", out.stdout), out
+    first = start_server()
+    taken = subprocess.run([server_binary(), f"--listen={first.address}", "--metrics-listen=off"],
+                           capture_output=True, text=True, timeout=60)
+    assert taken.returncode == 2
+    assert f"cannot listen on {first.address}: Address already in use" in taken.stderr, taken.stderr
+    assert "another process" in taken.stderr and "--listen" in taken.stderr
+    log = first.log()
+    devices = len(first.client().server_info().devices)
+    if devices == 0:
+        assert "no CUDA devices (sessions run on the CPU)" in log and "devices: 0" not in log
+    assert re.search(r"CPU tensor memory cap (\d+\.\d GiB|off)", log), log
