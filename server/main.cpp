@@ -48,20 +48,14 @@ void ConfigureLogging(const std::string& level) {
   spdlog::set_level(spdlog::level::from_str(level));
   spdlog::flush_on(spdlog::level::info);
   tigon::SetLogSink([](tigon::LogLevel engine_level, const std::string& message) {
+    spdlog::level::level_enum level = spdlog::level::err;
     switch (engine_level) {
-      case tigon::LogLevel::kDebug:
-        spdlog::debug("engine: {}", message);
-        break;
-      case tigon::LogLevel::kInfo:
-        spdlog::info("engine: {}", message);
-        break;
-      case tigon::LogLevel::kWarning:
-        spdlog::warn("engine: {}", message);
-        break;
-      case tigon::LogLevel::kError:
-        spdlog::error("engine: {}", message);
-        break;
+      case tigon::LogLevel::kDebug: level = spdlog::level::debug; break;
+      case tigon::LogLevel::kInfo: level = spdlog::level::info; break;
+      case tigon::LogLevel::kWarning: level = spdlog::level::warn; break;
+      case tigon::LogLevel::kError: level = spdlog::level::err; break;
     }
+    spdlog::log(level, "engine: {}", message);
   });
 }
 

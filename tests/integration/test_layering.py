@@ -8,14 +8,19 @@ import re
 from conftest import ROOT, server_binary
 
 
-def test_server_sources_include_only_the_engine_contract():
-    sources = glob.glob(os.path.join(ROOT, "server", "*.cpp")) + glob.glob(os.path.join(ROOT, "server", "*.h"))
-    assert sources
-    for path in sources:
+def includes_of(*patterns):
+    """(path, header) for every #include of the files matching the globs under ROOT; asserts there are files."""
+    paths = [p for pattern in patterns for p in glob.glob(os.path.join(ROOT, pattern))]
+    assert paths, patterns
+    for path in paths:
         with open(path) as f:
-            includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read(), re.M)
-        for header in includes:
-            assert not re.match(r"(torch|ATen|c10|caffe2|models|kernels|engine/src)/", header), (path, header)
+            for header in re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read(), re.M):
+                yield path, header
+
+
+def test_server_sources_include_only_the_engine_contract():
+    for path, header in includes_of("server/*.cpp", "server/*.h"):
+        assert not re.match(r"(torch|ATen|c10|caffe2|models|kernels|engine/src)/", header), (path, header)
 
 
 def test_server_compile_lines_have_no_torch_include_directories():
@@ -40,11 +45,13 @@ def test_server_compile_lines_have_no_torch_include_directories():
 def test_cuda_kernels_include_only_cuda_and_cxx_headers():
     """kernels/cuda is the lowest layer: nvcc compiles it without torch, so it includes its own headers and
     system (C++, CUDA) headers only, never the ops, the references, models, the engine or torch."""
-    sources = glob.glob(os.path.join(ROOT, "kernels", "cuda", "*"))
-    assert sources
-    for path in sources:
-        with open(path) as f:
-            includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read(), re.M)
-        for header in includes:
-            assert not re.match(r"(torch|ATen|c10|caffe2|models|engine|server)/", header), (path, header)
-            assert not header.startswith("kernels/") or header.startswith("kernels/cuda/"), (path, header)
+    for path, header in includes_of("kernels/cuda/*"):
+        assert not re.match(r"(torch|ATen|c10|caffe2|models|engine|server)/", header), (path, header)
+        assert not header.startswith("kernels/") or header.startswith("kernels/cuda/"), (path, header)
+
+
+def test_common_headers_include_only_the_standard_library_and_nlohmann():
+    """common/ is shared by the server, the engine and the models: it may not reach into any of them (nor
+    torch), or the server would compile against torch through it."""
+    for path, header in includes_of("common/*"):
+        assert "/" not in header or header.startswith("nlohmann/"), (path, header)
