@@ -20,8 +20,8 @@ export TIGON_KERNELS_LIB=$PWD/$TIGON_BUILD_DIR/kernels/libtigon_kernels.so
 for phase in $PHASES; do
   case $phase in
     build) run_phase build bash -c "bash deploy/device/build.sh -DTIGON_BUILD_TESTS=ON; ninja -C $TIGON_BUILD_DIR -k 0 -j \$(nproc) 2>&1 | grep -E 'error|FAILED' | head -40; ninja -C $TIGON_BUILD_DIR -n | grep -c . ";;
-    gputest) run_phase gputest $TIGON_PYTHON -m pytest -q --timeout=300 tests/gpu ;;
-    gpuservice) run_phase gpuservice env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q --timeout=600 tests/integration/gpu ;;
+    gputest) run_phase gputest $TIGON_PYTHON -m pytest -q --timeout=300 tests/gpu/kernels ;;
+    gpuservice) run_phase gpuservice env TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q --timeout=600 tests/gpu/service ;;
     modeltest) run_phase modeltest $TIGON_BUILD_DIR/tests/tigon_model_tests ;;
     maxseq8b) run_phase maxseq_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --max-seq --seqs ${TIGON_MAXSEQ:-32768 40960} --kernels fused ${TIGON_E2E_ARGS:-} --out "$LOGS/maxseq_llama8b.json" ;;
     profile) for spec in ${TIGON_PROFILE_MODELS:-llama3-8b:8:1024 llama3.2-1b:8:2048}; do

@@ -12,7 +12,7 @@
 #      tests against LibTorch 2.11; GPU 0 alone against all GPUs (bf16_mixed and fp32, small Llama), a
 #      failure injected inside the NCCL sums, the same equality with one process per GPU (a skipped CUDA
 #      case fails the phase: this machine has the GPUs they need); one session over two servers
-#      (tests/integration/gpu/test_world_gpu.py).
+#      (tests/gpu/service/test_world_gpu.py).
 # Carry .deps (deploy/device/fetch-deps.sh). Logs, JSON and gzipped traces under ${OUT:-out}; a summary
 # table last.
 set -uo pipefail
@@ -72,8 +72,8 @@ TAIL_LINES=24 run_phase dp_equality timeout -k 10 240 env CUDA_VISIBLE_DEVICES="
   out=$("$0" --gtest_filter="DataParallelDevices.Cuda*" 2>&1); rc=$?; echo "$out"
   [[ $rc == 0 && $out != *"[  SKIPPED ]"* ]]' "$TIGON_BUILD_DIR/tests/tigon_engine_tests"
 # One session over two servers, one GPU each (tigon.WorldSession), against one server on one GPU.
-run_phase dp_two_servers timeout -k 10 120 env TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server \
-  PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q tests/integration/gpu/test_world_gpu.py
+run_phase dp_two_servers timeout -k 10 120 env TIGON_SERVER_BIN=$PWD/$TIGON_BUILD_DIR/server/tigon-server \
+  PYTHONPATH=$PWD/client/python $TIGON_PYTHON -m pytest -q tests/gpu/service/test_world_gpu.py
 run_phase dp_cpu_tests timeout -k 10 60 $TIGON_BUILD_DIR/tests/tigon_engine_tests \
   --gtest_filter='DataParallel.*:DataParallelDevices.Cpu*'
 echo; echo "| phase | result |"; echo "| --- | --- |"

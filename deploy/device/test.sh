@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 source deploy/device/prelude.sh
 status=0
 echo "== GPU kernel tests"
-$TIGON_PYTHON -m pytest -q -x tests/gpu 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 || status=1
+$TIGON_PYTHON -m pytest -q -x tests/gpu/kernels 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 || status=1
 echo "== gtest suites (LibTorch $($TIGON_PYTHON -c 'import torch; print(torch.__version__)'))"
 ctest --test-dir "$TIGON_BUILD_DIR" --output-on-failure -j 8 --timeout 900 > "$LOGS/ctest.log" 2>&1 || status=1
 tail -15 "$LOGS/ctest.log"

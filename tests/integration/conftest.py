@@ -148,7 +148,3 @@ def byte_batches(text, batch, seq_len, count, seed=0):
 CORPUS = ("the quick brown fox jumps over the lazy dog. " * 20 +
           "pack my box with five dozen liquor jugs. " * 20)
 
-
-# tests/integration/gpu needs a CUDA machine (deploy/device); it is collected only when asked for.
-if os.environ.get("TIGON_GPU_TESTS") != "1":
-    collect_ignore_glob = ["gpu/*"]

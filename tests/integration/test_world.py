@@ -1,6 +1,6 @@
 """Sessions over several servers (CreateSessionRequest.world, tigon.WorldSession) on machines without a GPU:
 the refusals a CPU-only server gives, and the client's row split. The training itself needs NCCL and a GPU
-per server: tests/integration/gpu/test_world_gpu.py."""
+per server: tests/gpu/service/test_world_gpu.py."""
 import time
 
 import numpy as np

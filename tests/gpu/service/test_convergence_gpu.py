@@ -2,7 +2,7 @@
 trained through the service for 100 steps with `fused` and with `reference` ops from the same weights on
 the same batches, ends with matching loss curves, log-probabilities and weights. Run by the device scripts:
 
-    TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/integration/gpu
+    TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/gpu/service
 
 The attention backward hands RoPE non-contiguous gradients (SDPA's q/k gradients are transposed views),
 the case of the paper's RoPE bug; a fused kernel that assumed contiguity would drift here.

@@ -1,6 +1,6 @@
 """The service on a CUDA machine (run by the device scripts, not by scripts/test.sh):
 
-    TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/integration/gpu
+    TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/gpu/service
 
 bf16 training on the GPU, device out-of-memory as RESOURCE_EXHAUSTED with the session still usable after
 it, and MeasureSavings showing the fused kernels' lower peak memory.

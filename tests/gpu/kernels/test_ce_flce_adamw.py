@@ -3,7 +3,7 @@ fused_linear_cross_entropy and adamw_step (CUDA path) against their references i
 torch.optim.AdamW.
 
 Run on the GPU machine (CUDA LibTorch build of libtigon_kernels.so):
-    TIGON_KERNELS_LIB=build-gpu/kernels/libtigon_kernels.so /opt/torch/.venv/bin/python3 -m pytest -q tests/gpu/test_ce_flce_adamw.py
+    TIGON_KERNELS_LIB=build-gpu/kernels/libtigon_kernels.so /opt/torch/.venv/bin/python3 -m pytest -q tests/gpu/kernels/test_ce_flce_adamw.py
 
 The fused cross entropy overwrites its logits with their gradient, so every call gets a fresh copy.
 Tolerances (each stated where used) follow from where the kernels round: fp32 accumulation over V terms,

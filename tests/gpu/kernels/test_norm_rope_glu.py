@@ -5,7 +5,7 @@ compositions written out below and evaluated in float64 on the same (rounded) in
 Llama-3-8B's MLP shape (torch.cuda.max_memory_allocated).
 
 Run on the GPU machine (CUDA LibTorch build of libtigon_kernels.so):
-    TIGON_KERNELS_LIB=build-gpu/kernels/libtigon_kernels.so /opt/torch/.venv/bin/python3 -m pytest -q tests/gpu/test_norm_rope_glu.py
+    TIGON_KERNELS_LIB=build-gpu/kernels/libtigon_kernels.so /opt/torch/.venv/bin/python3 -m pytest -q tests/gpu/kernels/test_norm_rope_glu.py
 
 Every case draws fresh random inputs (the seed is printed on failure), and fills the caching allocator
 with NaN before each fused call so that an output element the kernel forgets to write shows up.

@@ -1,7 +1,7 @@
 """A session over two servers (tigon.WorldSession), one GPU each, against the same training on one server and
 one GPU. Needs two CUDA devices (deploy/device/multi_gpu.sh runs it on nvidia-h200-x2):
 
-    TIGON_GPU_TESTS=1 TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/integration/gpu/test_world_gpu.py
+    TIGON_SERVER_BIN=build-gpu/server/tigon-server python3 -m pytest -q tests/gpu/service/test_world_gpu.py
 """
 import time
 
