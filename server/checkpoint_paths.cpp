@@ -307,12 +307,11 @@ grpc::Status CheckpointRoot::CheckStillInPlace(const CheckpointSaveTarget& targe
 
 grpc::Status CheckpointRoot::OpenForLoad(const std::string& request_path, const Caller& caller,
                                          CheckpointLoadTarget* out) const {
-  CheckpointLocation location;
-  grpc::Status status = Locate(request_path, caller, &location);
+  grpc::Status status = Locate(request_path, caller, &out->location);
   if (!status.ok()) return status;
-  status = OpenFolders(location, location.components.size(), /*create=*/false, &out->folder);
+  status = OpenFolders(out->location, out->location.components.size(), /*create=*/false, &out->folder);
   if (!status.ok()) return status;
-  out->relative = location.relative;
+  out->relative = out->location.relative;
   return grpc::Status::OK;
 }
 

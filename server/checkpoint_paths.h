@@ -66,6 +66,7 @@ struct CheckpointSaveTarget {
 struct CheckpointLoadTarget {
   FolderFd folder;
   std::string relative;
+  CheckpointLocation location;
 };
 
 class CheckpointRoot {

@@ -454,10 +454,8 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointSaveTarget target;  // the checkpoint's parent folder, held open until the save is done
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
   call.order = &request->order();
-  CheckpointLocation location;  // for the journal: where the checkpoint is, from the root
   call.check = [&](const SessionEntry&, const Caller& caller) {
-    grpc::Status status = checkpoints_.Locate(request->path(), caller, &location);
-    return status.ok() ? checkpoints_.OpenForSave(request->path(), caller, &target) : status;
+    return checkpoints_.OpenForSave(request->path(), caller, &target);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
@@ -469,7 +467,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
     out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
-    journal_.Checkpointed(entry.id, RootRelative(location), out->step());
+    journal_.Checkpointed(entry.id, RootRelative(target.location), out->step());
     spdlog::info("session {} saved checkpoint '{}' at step {}", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };
@@ -481,10 +479,8 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointLoadTarget target;  // the checkpoint's folder, held open until the load is done
   SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
   call.order = &request->order();
-  CheckpointLocation location;  // for the journal: where the checkpoint is, from the root
   call.check = [&](const SessionEntry&, const Caller& caller) {
-    grpc::Status status = checkpoints_.Locate(request->path(), caller, &location);
-    return status.ok() ? checkpoints_.OpenForLoad(request->path(), caller, &target) : status;
+    return checkpoints_.OpenForLoad(request->path(), caller, &target);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
     const auto start = Clock::now();
@@ -496,7 +492,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
     out->set_path(target.relative);
     out->set_wall_seconds(SecondsSince(start));
     out->set_step(entry.session->Info().step);
-    journal_.Checkpointed(entry.id, RootRelative(location), out->step());
+    journal_.Checkpointed(entry.id, RootRelative(target.location), out->step());
     spdlog::info("session {} loaded checkpoint '{}' (step {})", entry.id, ClientText(target.relative), out->step());
     return grpc::Status::OK;
   };
