@@ -29,7 +29,10 @@ void ResetPeakMemory(const torch::Device& device) {
 MemoryStats ReadMemory(const torch::Device& device) {
   MemoryStats out;
 #ifdef TIGON_WITH_CUDA
-  if (device.is_cuda()) {
+  // Before torch's first CUDA allocation its allocator has no statistics (asking fails with "Invalid device
+  // argument") and holds nothing: zeros.
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  if (device.is_cuda() && allocator != nullptr && allocator->initialized()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     // Index 0 is StatType::AGGREGATE (all pools) in every LibTorch version.
     out.allocated = stats.allocated_bytes[0].current;
@@ -87,9 +90,6 @@ int64_t AvailableBytes(const torch::Device& device) {
       (void)cudaGetLastError();
       return std::numeric_limits<int64_t>::max();  // unknown: the allocation itself will say
     }
-    // Before torch's first CUDA allocation its allocator has no statistics (and nothing cached).
-    auto* allocator = c10::cuda::CUDACachingAllocator::get();
-    if (allocator == nullptr || !allocator->initialized()) return static_cast<int64_t>(free);
     const MemoryStats stats = ReadMemory(device);
     return static_cast<int64_t>(free) + std::max<int64_t>(0, stats.reserved - stats.allocated);
   }

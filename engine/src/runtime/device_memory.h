@@ -15,7 +15,7 @@ struct MemoryStats {
 };
 
 void ResetPeakMemory(const torch::Device& device);
-MemoryStats ReadMemory(const torch::Device& device);
+MemoryStats ReadMemory(const torch::Device& device);  // zeros on the CPU, and before torch has used CUDA
 // What a new session could still allocate on `device`: on CUDA the driver's free memory plus the blocks
 // this process's caching allocator holds unused; on the CPU the kernel's MemAvailable (cgroup's limit
 // included), or less when the CPU tensor cap (tigon/cpu_memory_limit.h) leaves less room.

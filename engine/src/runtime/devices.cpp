@@ -5,7 +5,6 @@
 #include "runtime/device_memory.h"
 
 #ifdef TIGON_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -30,12 +29,9 @@ std::vector<DeviceInfo> ListDevices() {
       info.free_bytes = static_cast<int64_t>(free_bytes);
     }
     cudaSetDevice(previous);
-    // The allocator's statistics exist once torch has initialised CUDA (the first session does).
-    if (c10::cuda::CUDACachingAllocator::get() != nullptr && c10::cuda::CUDACachingAllocator::get()->initialized()) {
-      const engine::MemoryStats memory = engine::ReadMemory(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      info.allocated_bytes = memory.allocated;
-      info.reserved_bytes = memory.reserved;
-    }
+    const engine::MemoryStats memory = engine::ReadMemory(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    info.allocated_bytes = memory.allocated;
+    info.reserved_bytes = memory.reserved;
     out.push_back(info);
   }
 #endif
