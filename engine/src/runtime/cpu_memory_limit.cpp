@@ -5,6 +5,8 @@
 // not allocated at a rate where that matters).
 #include "tigon/cpu_memory_limit.h"
 
+#include "runtime/host_memory.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -142,22 +144,6 @@ LimitingCpuAllocator* Install() {
   return allocator;
 }
 
-// The machine's memory: MemTotal, or the cgroup v2 limit (a container's) when that is lower; 0 unknown.
-int64_t MachineMemoryBytes() {
-  int64_t total = 0;
-  if (std::FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
-    long long kib = 0;
-    if (std::fscanf(meminfo, "MemTotal: %lld kB", &kib) == 1) total = static_cast<int64_t>(kib) * 1024;
-    std::fclose(meminfo);
-  }
-  if (std::FILE* cgroup = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
-    long long limit = 0;
-    if (std::fscanf(cgroup, "%lld", &limit) == 1 && limit > 0 && (total == 0 || limit < total)) total = limit;
-    std::fclose(cgroup);  // "max": no limit
-  }
-  return total;
-}
-
 // TIGON_CPU_MEMORY_LIMIT_BYTES, read when the engine library loads (after c10, whose default allocator
 // it wraps, has registered it). Unset, the cap is kDefaultCpuMemoryShare of the machine: a session whose
 // tensors would take the rest gets RESOURCE_EXHAUSTED instead of the kernel's OOM killer ending the
@@ -165,7 +151,7 @@ int64_t MachineMemoryBytes() {
 [[maybe_unused]] const bool g_from_environment = [] {
   const char* text = std::getenv(kEnvironmentVariable);
   if (text == nullptr || *text == '\0') {
-    const int64_t machine = MachineMemoryBytes();
+    const int64_t machine = engine::MachineMemoryBytes();
     if (machine <= 0) return false;
     try {
       SetCpuMemoryLimit(static_cast<int64_t>(static_cast<double>(machine) * kDefaultCpuMemoryShare));

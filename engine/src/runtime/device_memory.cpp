@@ -5,9 +5,9 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 
+#include "runtime/host_memory.h"
 #include "tigon/cpu_memory_limit.h"
 
 #ifdef TIGON_WITH_CUDA
@@ -46,41 +46,6 @@ MemoryStats ReadMemory(const torch::Device& device) {
   return out;
 }
 
-namespace {
-
-// /proc/meminfo's MemAvailable, and the cgroup v2 room (memory.max - memory.current) when that is less.
-int64_t HostAvailableBytes() {
-  int64_t available = -1;
-  if (std::FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    long long kib = 0;
-    while (std::fgets(line, sizeof line, meminfo) != nullptr) {
-      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) {
-        available = static_cast<int64_t>(kib) * 1024;
-        break;
-      }
-    }
-    std::fclose(meminfo);
-  }
-  auto read_number = [](const char* path, int64_t* value) {
-    std::FILE* file = std::fopen(path, "r");
-    if (file == nullptr) return false;
-    long long number = 0;
-    const bool ok = std::fscanf(file, "%lld", &number) == 1;  // "max" reads as no number: no cgroup limit
-    std::fclose(file);
-    *value = number;
-    return ok;
-  };
-  int64_t limit = 0, current = 0;
-  if (read_number("/sys/fs/cgroup/memory.max", &limit) && read_number("/sys/fs/cgroup/memory.current", &current)) {
-    const int64_t room = std::max<int64_t>(0, limit - current);
-    available = available < 0 ? room : std::min(available, room);
-  }
-  return available < 0 ? std::numeric_limits<int64_t>::max() : available;
-}
-
-}  // namespace
-
 int64_t AvailableBytes(const torch::Device& device) {
 #ifdef TIGON_WITH_CUDA
   if (device.is_cuda()) {
@@ -95,6 +60,7 @@ int64_t AvailableBytes(const torch::Device& device) {
   }
 #endif
   int64_t available = HostAvailableBytes();
+  if (available < 0) available = std::numeric_limits<int64_t>::max();  // unknown: the allocation itself will say
   const CpuMemoryUsage cap = GetCpuMemoryUsage();
   if (cap.installed && cap.limit_bytes > 0) {
     available = std::min(available, std::max<int64_t>(0, cap.limit_bytes - cap.in_use_bytes));
