@@ -15,14 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json ReadJsonFile(const fs::path& path) {
-  try {
-    return ReadBoundedJsonFile(path.string());
-  } catch (const JsonInputError& e) {
-    throw ModelError(e.what());
-  }
-}
-
 void CheckParameterDtype(torch::Dtype dtype) {
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) {
     throw ModelError("model dtype must be float32, bfloat16 or float16, not " + std::string(c10::toString(dtype)));
@@ -55,7 +47,7 @@ fs::path ShardPath(const fs::path& folder, const fs::path& index_path, const std
 // The tensors in `needed` (the model's parameters); shards that hold none of them are not opened.
 std::map<std::string, torch::Tensor> ReadShardedCheckpoint(const fs::path& folder, const fs::path& index_path,
                                                            const std::set<std::string>& needed) {
-  const nlohmann::json index = ReadJsonFile(index_path);
+  const nlohmann::json index = ReadJsonFile(index_path.string());
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     throw ModelError(index_path.string() + ": missing or invalid 'weight_map' object");
   }
@@ -104,6 +96,14 @@ void WriteTextAtomically(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
+nlohmann::json ReadJsonFile(const std::string& path) {
+  try {
+    return ReadBoundedJsonFile(path);
+  } catch (const JsonInputError& e) {
+    throw ModelError(e.what());
+  }
+}
+
 std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder_name, const OpTable* ops, torch::Dtype dtype,
                                              torch::Device device) {
   CheckParameterDtype(dtype);
@@ -113,7 +113,7 @@ std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder_name, con
   if (!fs::exists(config_path)) throw ModelError(folder_name + ": no config.json");
   ModelConfig config;
   try {
-    config = ModelConfig::FromJson(ReadJsonFile(config_path));
+    config = ModelConfig::FromJson(ReadJsonFile(config_path.string()));
   } catch (const ModelError& e) {
     const std::string message = e.what();
     // ReadJsonFile already names the file; FromJson's messages get it prefixed.

@@ -168,6 +168,10 @@ class DecoderModel {
   torch::Tensor local_inv_freq_;  // the sliding-window layers' own (undefined unless local_rope_theta > 0)
 };
 
+// A JSON file of a model folder (config.json, the shard index), read with the nesting and size bounds of
+// common/bounded_json.h; ModelError naming the file when it cannot be read or parsed.
+nlohmann::json ReadJsonFile(const std::string& path);
+
 // Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from a local
 // Hugging Face folder, into `dtype` on `device`. Throws ModelError naming the problem.
 std::unique_ptr<DecoderModel> LoadPretrained(const std::string& folder, const OpTable* ops, torch::Dtype dtype,

@@ -25,14 +25,6 @@ namespace tigon {
 namespace engine {
 namespace {
 
-nlohmann::json ReadJsonFile(const std::string& path) {
-  try {
-    return ReadBoundedJsonFile(path);
-  } catch (const JsonInputError& e) {
-    throw models::ModelError(e.what());
-  }
-}
-
 models::OpChoice ParseChoice(const std::string& op, const std::string& value) {
   if (value == "fused") return models::OpChoice::kFused;
   if (value == "reference") return models::OpChoice::kReference;
@@ -56,7 +48,7 @@ Status CreateReplicaSession(const SessionOptions& options, torch::Device device,
     if (has_path) {
       if (!std::filesystem::is_directory(options.model_path))
         return Status(StatusCode::kNotFound, "model folder " + options.model_path + " does not exist");
-      config_json = ReadJsonFile(options.model_path + "/config.json");
+      config_json = models::ReadJsonFile(options.model_path + "/config.json");
     } else {
       try {
         config_json = ParseBoundedJson(options.config_json);

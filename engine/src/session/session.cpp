@@ -4,11 +4,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <filesystem>
 #include <set>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <system_error>
@@ -47,8 +45,6 @@ void Synchronize(const torch::Device& device) {
   (void)device;
 #endif
 }
-
-
 
 // With the optimizer in backward, CUDA updates run on their own stream unless TIGON_OPTIMIZER_UPDATE_STREAM=0
 // (kept for measuring the overlap; the results are the same either way).
