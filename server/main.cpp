@@ -62,12 +62,11 @@ void ConfigureLogging(const std::string& level) {
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 // Why gRPC could not listen on `listen` (it says nothing itself): a bind of the same address, whose
-// error names the cause ("Address already in use" for a port another process holds).
+// error names the cause ("Address already in use" for a port another process holds). The flag parser
+// has checked that `listen` is HOST:PORT.
 std::string ListenProblem(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos) return "it is not HOST:PORT";
-  std::string host = listen.substr(0, colon);
-  const std::string port = listen.substr(colon + 1);
+  std::string host = HostOf(listen);
+  const std::string port = listen.substr(host.size() + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
