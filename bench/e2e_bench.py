@@ -69,18 +69,29 @@ def new_session(client, name, kernels, optimizer_in_backward):
                                  optimizer_in_backward=optimizer_in_backward)
 
 
-def run(client, name, batch, seq, kernels, steps, optimizer_in_backward=False, warmup=2):
+def objective_inputs(loss_fn, batch, seq, rng):
+    """train_step's objective keywords for `loss_fn` on random [batch, seq] rows (RL: the sampler's
+    log-probabilities and advantages; cross_entropy: none)."""
+    if loss_fn == "cross_entropy":
+        return {}
+    return dict(loss_fn=loss_fn, loss_fn_inputs={
+        "logprobs": -rng.random((batch, seq), dtype=np.float32) * 10,
+        "advantages": rng.standard_normal((batch, seq), dtype=np.float32)})
+
+
+def run(client, name, batch, seq, kernels, steps, optimizer_in_backward=False, warmup=2, loss_fn="cross_entropy"):
     config = config_for(name)
     rng = np.random.default_rng(0)
     with new_session(client, name, kernels, optimizer_in_backward) as session:
         batches = [rng.integers(0, config["vocab_size"], size=(batch, seq), dtype=np.int32)
                    for _ in range(4)]
+        objectives = [objective_inputs(loss_fn, batch, seq, rng) for _ in range(4)]
         for i in range(warmup):
-            session.train_step(batches[i % 4])
+            session.train_step(batches[i % 4], **objectives[i % 4])
         client_times, engine_times, peaks, reserved, losses = [], [], [], [], []
         for i in range(steps):
             t0 = time.perf_counter()
-            result = session.train_step(batches[i % 4])
+            result = session.train_step(batches[i % 4], **objectives[i % 4])
             client_times.append(time.perf_counter() - t0)
             engine_times.append(result.wall_seconds)
             peaks.append(result.peak_memory_bytes)
@@ -88,6 +99,7 @@ def run(client, name, batch, seq, kernels, steps, optimizer_in_backward=False, w
             losses.append(result.loss)
         median = statistics.median(client_times)
         return dict(model=name, batch=batch, seq=seq, kernels=kernels, optimizer_in_backward=optimizer_in_backward,
+                    loss_fn=loss_fn,
                     tokens_per_second=batch * seq / median, step_seconds=median,
                     engine_step_seconds=statistics.median(engine_times),
                     outside_engine_share=1.0 - sum(engine_times) / sum(client_times),
@@ -127,6 +139,9 @@ def main():
                     help="sequence lengths tried in order by --max-seq")
     ap.add_argument("--optimizer-in-backward", action="store_true",
                     help="sessions apply AdamW during backward (no whole gradient buffer)")
+    ap.add_argument("--loss-fn", nargs="+", default=["cross_entropy"],
+                    help="objectives to time, each on a fresh session (importance_sampling and ppo get random "
+                         "sampler log-probabilities and advantages)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.warmup < 0 or args.steps < 1:
@@ -146,10 +161,11 @@ def main():
                 results.append(dict(model=args.model, kernels=kernels, longest_seq=best,
                                     optimizer_in_backward=args.optimizer_in_backward))
             else:
-                r = run(client, args.model, args.batch, args.seq, kernels, args.steps, args.optimizer_in_backward,
-                        args.warmup)
-                print(json.dumps(r), flush=True)
-                results.append(r)
+                for loss_fn in args.loss_fn:
+                    r = run(client, args.model, args.batch, args.seq, kernels, args.steps, args.optimizer_in_backward,
+                            args.warmup, loss_fn)
+                    print(json.dumps(r), flush=True)
+                    results.append(r)
     finally:
         server.stop()
     if args.out:

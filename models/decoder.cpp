@@ -381,23 +381,19 @@ torch::Tensor DecoderModel::Logits(const torch::Tensor& input_ids) const {
 }
 
 torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
-                                    const torch::Tensor& loss_weights) const {
-  CheckTokenTensor(labels, "labels");
-  if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
-    throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
-                     (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
-  }
-  if (loss_weights.defined() && loss_weights.sizes() != input_ids.sizes()) {
-    throw ModelError("loss_weights shape " + ShapeString(loss_weights.sizes()) + " does not match input_ids shape " +
-                     ShapeString(input_ids.sizes()));
-  }
-  const torch::Tensor hidden = HiddenStates(input_ids);
+                                    const torch::Tensor& loss_weights, const CrossEntropyOptions& options) const {
+  CheckTargets(input_ids, labels, loss_weights);
+  return HeadLossSum(HiddenStates(input_ids), labels, loss_weights, options);
+}
+
+torch::Tensor DecoderModel::HeadLossSum(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                        const torch::Tensor& loss_weights, const CrossEntropyOptions& given) const {
   const int64_t tokens = hidden.size(0) * hidden.size(1);
   const torch::Tensor flat_hidden = hidden.reshape({tokens, config_.hidden_size});
   const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
   const torch::Tensor weights =
       loss_weights.defined() ? loss_weights.reshape({tokens}).to(device(), torch::kFloat32) : torch::Tensor();
-  CrossEntropyOptions options;
+  CrossEntropyOptions options = given;
   options.ignore_index = -100;
   options.reduction = Reduction::kSum;
   const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
@@ -417,14 +413,15 @@ torch::Tensor DecoderModel::LossSum(const torch::Tensor& input_ids, const torch:
 torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
                                           int64_t chunk_tokens) const {
   torch::NoGradGuard no_grad;
-  CheckTokenTensor(labels, "labels");
-  if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
-    throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
-                     (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
-  }
-  const torch::Tensor hidden = HiddenStates(input_ids);
+  CheckTargets(input_ids, labels, torch::Tensor());
+  return HeadLogProbs(HiddenStates(input_ids), labels, chunk_tokens);
+}
+
+torch::Tensor DecoderModel::HeadLogProbs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                         int64_t chunk_tokens) const {
+  torch::NoGradGuard no_grad;
   const int64_t tokens = hidden.size(0) * hidden.size(1);
-  const torch::Tensor flat_hidden = hidden.reshape({tokens, config_.hidden_size});
+  const torch::Tensor flat_hidden = hidden.detach().reshape({tokens, config_.hidden_size});
   const torch::Tensor target = labels.reshape({tokens}).to(device(), torch::kInt64);
   const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   // About 256 MB of fp32 logits per chunk, so a 128k vocabulary never materialises [tokens, V] at once.
@@ -439,7 +436,20 @@ torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const 
     const torch::Tensor logp = logits.gather(1, safe_target).squeeze(1) - logits.logsumexp(-1);
     out.narrow(0, start, n).copy_(logp.masked_fill(ignored, 0.0));
   }
-  return out.reshape(input_ids.sizes());
+  return out.reshape(labels.sizes());
+}
+
+void DecoderModel::CheckTargets(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                                const torch::Tensor& loss_weights) const {
+  CheckTokenTensor(labels, "labels");
+  if (!input_ids.defined() || labels.sizes() != input_ids.sizes()) {
+    throw ModelError("labels shape " + ShapeString(labels.sizes()) + " does not match input_ids shape " +
+                     (input_ids.defined() ? ShapeString(input_ids.sizes()) : std::string("(undefined)")));
+  }
+  if (loss_weights.defined() && loss_weights.sizes() != input_ids.sizes()) {
+    throw ModelError("loss_weights shape " + ShapeString(loss_weights.sizes()) + " does not match input_ids shape " +
+                     ShapeString(input_ids.sizes()));
+  }
 }
 
 void DecoderModel::LoadStateDict(const std::map<std::string, torch::Tensor>& tensors) {

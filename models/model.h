@@ -140,12 +140,20 @@ class DecoderModel {
   torch::Tensor Logits(const torch::Tensor& input_ids) const;
   // Sum over positions with label != -100 of weight * (-log p(label)), as a 0-dim fp32 tensor with
   // autograd; uses fused_linear_cross_entropy or lm_head + reference cross-entropy per the op table.
+  // `options` (ignore_index -100 and the sum reduction are the model's): label smoothing and z-loss.
+  // Weights may have any sign: with w = -dL/dlp the gradient is that of any loss L of the log-probabilities.
   torch::Tensor LossSum(const torch::Tensor& input_ids, const torch::Tensor& labels,
-                        const torch::Tensor& loss_weights) const;
+                        const torch::Tensor& loss_weights, const CrossEntropyOptions& options = {}) const;
+  // The same from final hidden states [B, T, H] (HiddenStates); the fused path may reuse `hidden`'s
+  // memory for its gradient, so `hidden` has no other use afterwards.
+  torch::Tensor HeadLossSum(const torch::Tensor& hidden, const torch::Tensor& labels,
+                            const torch::Tensor& loss_weights, const CrossEntropyOptions& options = {}) const;
   // Per-position log p(label) [B, T] fp32 (0 where ignored), no autograd, computed in chunks of
   // `chunk_tokens` positions (0: about 256 MB of fp32 logits per chunk).
   torch::Tensor TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
                               int64_t chunk_tokens = 0) const;
+  // The same from final hidden states [B, T, H] (not changed).
+  torch::Tensor HeadLogProbs(const torch::Tensor& hidden, const torch::Tensor& labels, int64_t chunk_tokens = 0) const;
 
   // Hugging Face tensors by name (Phi3's fused qkv_proj/gate_up_proj as stored). Checks that every
   // parameter is present with its shape; converts dtype. Throws ModelError otherwise.
@@ -159,6 +167,8 @@ class DecoderModel {
   // Shape and dtype only (nothing that reads the values, which would wait for the device): the values'
   // range is the batch contract's (tigon::CheckBatch, engine.h), checked once where a batch enters the engine.
   void CheckTokenTensor(const torch::Tensor& ids, const char* what) const;
+  // labels (and loss_weights when defined) of input_ids' shape; ModelError otherwise.
+  void CheckTargets(const torch::Tensor& input_ids, const torch::Tensor& labels, const torch::Tensor& loss_weights) const;
 
   ModelConfig config_;
   OpTable ops_;

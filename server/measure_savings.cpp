@@ -16,7 +16,7 @@ grpc::Status TrainerService::MeasureSavings(grpc::ServerContext* ctx, const v1::
                                             v1::MeasureSavingsResponse* response) {
   v1::Batch batch;
   SessionCall<v1::MeasureSavingsResponse> call{"MeasureSavings", &request->session_id(), Lock::kNone};
-  call.check = [&](const SessionEntry& entry, const Caller&) {
+  call.check = [&](const SessionEntry& entry, const Caller&, const tigon::CallContext&) {
     if (entry.world.world_size > 0) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                    "MeasureSavings builds temporary copies of the session on this server alone; a rank of a session "

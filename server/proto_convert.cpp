@@ -13,6 +13,7 @@ void ToProto(const tigon::StepStats& stats, v1::StepResult* out) {
   out->set_peak_allocated_bytes(stats.peak_allocated_bytes);
   out->set_peak_reserved_bytes(stats.peak_reserved_bytes);
   out->set_accumulated_batches(stats.accumulated_batches);
+  for (const auto& [name, value] : stats.metrics) (*out->mutable_metrics())[name] = value;
 }
 
 void ToProto(const tigon::SessionInfo& info, const std::string& session_id, const WorldRank& world,

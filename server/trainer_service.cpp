@@ -127,7 +127,7 @@ grpc::Status TrainerService::RunSessionCall(grpc::ServerContext* ctx, const Sess
       if (!status.ok()) return status;
     }
     if (call.check) {
-      status = call.check(*entry, caller);
+      status = call.check(*entry, caller, context);
       if (!status.ok()) return status;
     }
     if (call.lock == Lock::kNone) return call.execute(*entry, context, response);
@@ -182,13 +182,58 @@ bool TrainerService::Replay(SessionEntry& entry, const std::string& request_id, 
   return true;
 }
 
-grpc::Status TrainerService::CheckBatch(const SessionEntry& entry, bool has_batch, const v1::Batch& batch,
-                                        tigon::Batch* out) const {
+grpc::Status TrainerService::CheckBatch(const SessionEntry& entry, const Caller& caller,
+                                        const tigon::CallContext& context, bool has_batch, const v1::Batch& batch,
+                                        tigon::Batch* out) {
   if (!has_batch) return Error(grpc::StatusCode::INVALID_ARGUMENT, "the request has no batch");
-  grpc::Status status =
-      ValidateBatch(batch, {entry.vocab_size, entry.max_position_embeddings, config_.max_batch_tokens});
+  const tigon::BatchLimits limits{entry.vocab_size, entry.max_position_embeddings, config_.max_batch_tokens};
+  if (batch.reference_session_id().empty()) {
+    grpc::Status status = ValidateBatch(batch, limits);
+    if (!status.ok()) return status;
+    *out = ToEngineBatch(batch);
+    return grpc::Status::OK;
+  }
+  // The reference's log-probabilities stand in for reference_logprobs: the batch is checked as if they
+  // had been sent, and only then computed.
+  grpc::Status status = ValidateBatchShape(batch.batch(), batch.seq_len(), limits);
   if (!status.ok()) return status;
-  *out = ToEngineBatch(batch);
+  if (batch.reference_logprobs_size() > 0) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "give reference_logprobs or reference_session_id, not both");
+  }
+  tigon::Batch converted = ToEngineBatch(batch);
+  converted.reference_logprobs.assign(static_cast<size_t>(batch.batch() * batch.seq_len()), 0.0f);
+  status = ToGrpcStatus(tigon::CheckBatch(converted, limits));
+  if (!status.ok()) return status;
+  status = ValidateSessionId(batch.reference_session_id());
+  if (!status.ok()) return status;
+  if (batch.reference_session_id() == entry.id) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "reference_session_id names the session being trained");
+  }
+  std::shared_ptr<SessionEntry> reference = sessions_.Find(batch.reference_session_id(), caller, &status);
+  if (reference == nullptr) return status;
+  if (reference->vocab_size != entry.vocab_size) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 "reference session '" + reference->id + "' has a vocabulary of " +
+                     std::to_string(reference->vocab_size) + " tokens, this session " +
+                     std::to_string(entry.vocab_size));
+  }
+  std::unique_lock<std::timed_mutex> lock;
+  status = Acquire(context, *reference, &lock);
+  if (!status.ok()) return status;
+  // The reference sees the same tokens and targets; its own loss is cross-entropy, whatever this batch's.
+  tigon::Batch rows;
+  rows.batch = converted.batch;
+  rows.seq_len = converted.seq_len;
+  rows.input_ids = converted.input_ids;
+  rows.labels = converted.labels;
+  tigon::ForwardResult result;
+  tigon::Status engine_status = reference->session->Forward(rows, context, &result);
+  if (!engine_status.ok()) {
+    return grpc::Status(ToGrpcStatus(engine_status).error_code(),
+                        "the reference session's forward pass failed: " + engine_status.message());
+  }
+  converted.reference_logprobs = std::move(result.logprobs);
+  *out = std::move(converted);
   return grpc::Status::OK;
 }
 
@@ -367,8 +412,8 @@ grpc::Status TrainerService::ForwardBackward(grpc::ServerContext* ctx, const v1:
   tigon::Batch batch;
   SessionCall<v1::StepResult> call{"ForwardBackward", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry& entry, const Caller&) {
-    return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+  call.check = [&](const SessionEntry& entry, const Caller& caller, const tigon::CallContext& context) {
+    return CheckBatch(entry, caller, context, request->has_batch(), request->batch(), &batch);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
     tigon::StepStats stats;
@@ -385,7 +430,7 @@ grpc::Status TrainerService::OptimStep(grpc::ServerContext* ctx, const v1::Optim
   SessionCall<v1::StepResult> call{"OptimStep", &request->session_id()};
   call.order = &request->order();
   call.request_id = &request->request_id();
-  call.check = [&](const SessionEntry&, const Caller&) { return ValidateOptimizerSettings(request->optimizer()); };
+  call.check = [&](const SessionEntry&, const Caller&, const tigon::CallContext&) { return ValidateOptimizerSettings(request->optimizer()); };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
     if (entry.InfoSnapshot().accumulated_batches == 0) {
       return Error(grpc::StatusCode::FAILED_PRECONDITION,
@@ -406,8 +451,8 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
   SessionCall<v1::StepResult> call{"TrainStep", &request->session_id()};
   call.order = &request->order();
   call.request_id = &request->request_id();
-  call.check = [&](const SessionEntry& entry, const Caller&) {
-    grpc::Status status = CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+  call.check = [&](const SessionEntry& entry, const Caller& caller, const tigon::CallContext& context) {
+    grpc::Status status = CheckBatch(entry, caller, context, request->has_batch(), request->batch(), &batch);
     return status.ok() ? ValidateOptimizerSettings(request->optimizer()) : status;
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::StepResult* out) {
@@ -428,8 +473,8 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
   tigon::Batch batch;
   SessionCall<v1::ForwardResponse> call{"Forward", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry& entry, const Caller&) {
-    return CheckBatch(entry, request->has_batch(), request->batch(), &batch);
+  call.check = [&](const SessionEntry& entry, const Caller& caller, const tigon::CallContext& context) {
+    return CheckBatch(entry, caller, context, request->has_batch(), request->batch(), &batch);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext& context, v1::ForwardResponse* out) {
     const auto start = Clock::now();
@@ -441,6 +486,7 @@ grpc::Status TrainerService::Forward(grpc::ServerContext* ctx, const v1::Forward
     out->set_tokens(result.tokens);
     out->set_wall_seconds(seconds);
     if (request->return_logprobs()) out->mutable_logprobs()->Assign(result.logprobs.begin(), result.logprobs.end());
+    for (const auto& [name, value] : result.metrics) (*out->mutable_metrics())[name] = value;
     if (metrics_ != nullptr) metrics_->RecordForward(entry.id, entry.model_family, result.tokens, seconds);
     return grpc::Status::OK;
   };
@@ -454,7 +500,7 @@ grpc::Status TrainerService::SaveCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointSaveTarget target;  // the checkpoint's parent folder, held open until the save is done
   SessionCall<v1::CheckpointResponse> call{"SaveCheckpoint", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry&, const Caller& caller) {
+  call.check = [&](const SessionEntry&, const Caller& caller, const tigon::CallContext&) {
     return checkpoints_.OpenForSave(request->path(), caller, &target);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {
@@ -479,7 +525,7 @@ grpc::Status TrainerService::LoadCheckpoint(grpc::ServerContext* ctx, const v1::
   CheckpointLoadTarget target;  // the checkpoint's folder, held open until the load is done
   SessionCall<v1::CheckpointResponse> call{"LoadCheckpoint", &request->session_id()};
   call.order = &request->order();
-  call.check = [&](const SessionEntry&, const Caller& caller) {
+  call.check = [&](const SessionEntry&, const Caller& caller, const tigon::CallContext&) {
     return checkpoints_.OpenForLoad(request->path(), caller, &target);
   };
   call.execute = [&](SessionEntry& entry, const tigon::CallContext&, v1::CheckpointResponse* out) {

@@ -120,7 +120,8 @@ class TrainerService final : public v1::Trainer::Service {
     const std::string* request_id = nullptr;
     // Calls a client numbered: run after the calls it sent before them on the session (SessionSequence).
     const v1::CallOrder* order = nullptr;
-    std::function<grpc::Status(const SessionEntry&, const Caller&)> check;  // may be empty
+    // Before the step lock; may be empty.
+    std::function<grpc::Status(const SessionEntry&, const Caller&, const tigon::CallContext&)> check;
     // Under the step lock (Lock::kStep); `context` carries the call's deadline and cancellation to the engine.
     std::function<grpc::Status(SessionEntry&, const tigon::CallContext& context, Response*)> execute;
   };
@@ -143,7 +144,10 @@ class TrainerService final : public v1::Trainer::Service {
   grpc::Status FinishStep(const SessionEntry& entry, const char* method, const tigon::Status& engine_status,
                           const tigon::StepStats& stats, v1::StepResult* response);
   // The request has a batch that is valid for the session's model; converted.
-  grpc::Status CheckBatch(const SessionEntry& entry, bool has_batch, const v1::Batch& batch, tigon::Batch* out) const;
+  // The request's batch, checked (the one batch contract) and converted; a reference_session_id is
+  // resolved here, before the call's own step lock, by a Forward on that session (its step lock only).
+  grpc::Status CheckBatch(const SessionEntry& entry, const Caller& caller, const tigon::CallContext& context,
+                          bool has_batch, const v1::Batch& batch, tigon::Batch* out);
   grpc::Status FromEngine(const tigon::Status& status, const SessionEntry& entry);
   // Under the session's step lock: closes it and records why.
   void CloseEntry(SessionEntry& entry, const std::string& why);

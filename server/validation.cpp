@@ -69,6 +69,23 @@ tigon::Batch ToEngineBatch(const v1::Batch& batch) {
   out.input_ids.assign(batch.input_ids().begin(), batch.input_ids().end());
   out.labels.assign(batch.labels().begin(), batch.labels().end());
   out.loss_weights.assign(batch.loss_weights().begin(), batch.loss_weights().end());
+  out.loss_fn = batch.loss_fn();
+  const v1::LossConfig& c = batch.loss_config();
+  tigon::LossConfig& config = out.loss_config;
+  if (c.has_clip_low_threshold()) config.clip_low_threshold = c.clip_low_threshold();
+  if (c.has_clip_high_threshold()) config.clip_high_threshold = c.clip_high_threshold();
+  if (c.has_beta()) config.beta = c.beta();
+  if (c.has_gamma()) config.gamma = c.gamma();
+  if (c.has_label_smoothing()) config.label_smoothing = c.label_smoothing();
+  if (c.has_z_loss()) config.z_loss = c.z_loss();
+  if (c.has_cpo_alpha()) config.cpo_alpha = c.cpo_alpha();
+  if (c.has_desirable_weight()) config.desirable_weight = c.desirable_weight();
+  if (c.has_undesirable_weight()) config.undesirable_weight = c.undesirable_weight();
+  config.loss_type = c.loss_type();
+  out.sampler_logprobs.assign(batch.sampler_logprobs().begin(), batch.sampler_logprobs().end());
+  out.advantages.assign(batch.advantages().begin(), batch.advantages().end());
+  out.reference_logprobs.assign(batch.reference_logprobs().begin(), batch.reference_logprobs().end());
+  out.desirable.assign(batch.desirable().begin(), batch.desirable().end());
   return out;
 }
 

@@ -35,6 +35,10 @@ for phase in $PHASES; do
     hf) run_phase hf_llama1b $TIGON_PYTHON bench/hf_baseline.py --model llama3.2-1b --batch 8 --seq 2048 --out "$LOGS/hf_llama1b.json" ;;
     hf8b) run_phase hf_llama8b $TIGON_PYTHON bench/hf_baseline.py --model llama3-8b --batch 8 --seq 1024 --out "$LOGS/hf_llama8b.json" ;;
     e2e8b) run_phase e2e_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama8b.json" ;;
+    objectivetest) run_phase objectivetest bash -c "$TIGON_BUILD_DIR/tests/tigon_objective_tests && $TIGON_BUILD_DIR/tests/tigon_engine_tests --gtest_filter='ObjectiveSessions*'" ;;
+    objectives) B=$TIGON_BUILD_DIR/bench/tigon-objective-head-bench
+      TAIL_LINES=12 run_phase objectives bash -c "set -e; $B --loss dpo --reference-head; $B --loss dpo; $B --loss cross_entropy; $B --loss importance_sampling; $TIGON_PYTHON bench/objective_heads.py --provider torch; $TIGON_PYTHON bench/objective_heads.py --provider liger; $TIGON_PYTHON bench/objective_heads.py --compare --tigon-bench $B" ;;
+    e2erl) run_phase e2e_rl_llama8b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3-8b --batch 8 --seq 1024 --kernels fused --loss-fn cross_entropy importance_sampling cross_entropy importance_sampling --out "$LOGS/e2e_rl_llama8b.json" ;;
     e2e) run_phase e2e_llama1b $TIGON_PYTHON bench/e2e_bench.py --server-bin $TIGON_BUILD_DIR/server/tigon-server --model llama3.2-1b --batch 8 --seq 2048 --kernels fused reference ${TIGON_E2E_ARGS:-} --out "$LOGS/e2e_llama1b.json" ;;
   esac
 done

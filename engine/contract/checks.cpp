@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 
+#include "engine/contract/objective_settings.h"
 #include "tigon/engine.h"
 
 namespace tigon {
@@ -101,20 +102,26 @@ Status CheckBatch(const Batch& batch, const BatchLimits& limits) {
       return Invalid(out.str());
     }
   }
+  objectives::Settings objective;
+  TIGON_RETURN_IF_ERROR(objectives::CheckObjectiveInputs(batch, &objective));
+  // "linear" takes coefficients of any sign; every other objective weights its tokens' losses.
+  const bool signed_weights = objective.kind == objectives::Kind::kLinear;
   const bool weighted = !batch.loss_weights.empty();
   for (int64_t i = 0; weighted && i < tokens; ++i) {
     const float w = batch.loss_weights[i];
-    if (!std::isfinite(w) || w < 0.0f) {
+    if (!std::isfinite(w) || (!signed_weights && w < 0.0f)) {
       std::ostringstream out;
-      out << Position("loss_weights", i, seq_len) << " = " << w << " is not a finite value >= 0";
+      out << Position("loss_weights", i, seq_len) << " = " << w << " is not a finite value"
+          << (signed_weights ? "" : " >= 0");
       return Invalid(out.str());
     }
   }
-  // The loss is a weighted mean over target positions: it needs at least one with a positive weight.
+  // The loss is a weighted mean over target positions: it needs at least one with a positive weight
+  // ("linear", a sum, needs one target position).
   double target_weight = 0.0;
   for (int64_t i = 0; i < tokens; ++i) {
     const bool is_target = explicit_labels ? batch.labels[i] != kIgnoreIndex : (i % seq_len) != seq_len - 1;
-    if (is_target) target_weight += weighted ? batch.loss_weights[i] : 1.0;
+    if (is_target) target_weight += !weighted || signed_weights ? 1.0 : batch.loss_weights[i];
   }
   if (target_weight <= 0.0) {
     if (!explicit_labels && seq_len < 2) {
@@ -125,6 +132,11 @@ Status CheckBatch(const Batch& batch, const BatchLimits& limits) {
     return Invalid("the batch has no target tokens: every label is -100");
   }
   return Status::Ok();
+}
+
+bool ObjectiveIsPerToken(const std::string& loss_fn) {
+  objectives::Settings settings;
+  return objectives::Resolve(loss_fn, LossConfig(), &settings).ok() && objectives::IsPerToken(settings.kind);
 }
 
 Status CheckOptimizerSettings(const OptimizerSettings& s) {

@@ -112,6 +112,68 @@ TEST(ToEngineBatch, CopiesEveryField) {
   EXPECT_EQ(out.loss_weights, (std::vector<float>{0, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f}));
 }
 
+TEST(ToEngineBatch, CopiesTheObjective) {
+  v1::Batch batch = MakeBatch(2, 2);
+  batch.set_loss_fn("kto");
+  batch.mutable_loss_config()->set_beta(0.25);
+  batch.mutable_loss_config()->set_loss_type("ipo");
+  for (int i = 0; i < 4; ++i) {
+    batch.add_sampler_logprobs(-1.0f * i);
+    batch.add_advantages(0.5f * i);
+    batch.add_reference_logprobs(-2.0f * i);
+  }
+  batch.add_desirable(true);
+  batch.add_desirable(false);
+  const tigon::Batch out = ToEngineBatch(batch);
+  EXPECT_EQ(out.loss_fn, "kto");
+  EXPECT_EQ(out.loss_config.beta, 0.25);
+  EXPECT_FALSE(out.loss_config.gamma.has_value()) << "unset settings stay unset (the objective's default)";
+  EXPECT_EQ(out.loss_config.loss_type, "ipo");
+  EXPECT_EQ(out.sampler_logprobs, (std::vector<float>{0, -1, -2, -3}));
+  EXPECT_EQ(out.advantages, (std::vector<float>{0, 0.5f, 1, 1.5f}));
+  EXPECT_EQ(out.reference_logprobs, (std::vector<float>{0, -2, -4, -6}));
+  EXPECT_EQ(out.desirable, (std::vector<uint8_t>{1, 0}));
+}
+
+TEST(ValidateBatch, ObjectiveInputsFollowTheObjective) {
+  v1::Batch ppo = MakeBatch(2, 4);
+  ppo.set_loss_fn("ppo");
+  ExpectRefused(ppo, grpc::StatusCode::INVALID_ARGUMENT, "ppo needs sampler_logprobs for every position");
+  for (int i = 0; i < 8; ++i) ppo.add_sampler_logprobs(-1.0f);
+  for (int i = 0; i < 7; ++i) ppo.add_advantages(1.0f);
+  ExpectRefused(ppo, grpc::StatusCode::INVALID_ARGUMENT, "7 values");
+  ppo.add_advantages(std::numeric_limits<float>::infinity());
+  ExpectRefused(ppo, grpc::StatusCode::INVALID_ARGUMENT, "advantages[1][3] = inf is not finite");
+  ppo.set_advantages(7, -2.0f);
+  EXPECT_TRUE(ValidateBatch(ppo, kLimits).ok());
+  ppo.mutable_loss_config()->set_clip_high_threshold(0.5);
+  ExpectRefused(ppo, grpc::StatusCode::INVALID_ARGUMENT, "clip_high_threshold = 0.5 is invalid for ppo");
+  ppo.mutable_loss_config()->clear_clip_high_threshold();
+  ppo.mutable_loss_config()->set_beta(0.1);
+  ExpectRefused(ppo, grpc::StatusCode::INVALID_ARGUMENT, "loss_config.beta is not a setting of ppo");
+
+  v1::Batch simpo = MakeBatch(3, 4);
+  simpo.set_loss_fn("simpo");
+  ExpectRefused(simpo, grpc::StatusCode::INVALID_ARGUMENT, "odd number of rows (3)");
+  v1::Batch dpo = MakeBatch(2, 4);
+  dpo.set_loss_fn("dpo");
+  for (int i = 0; i < 8; ++i) dpo.add_reference_logprobs(-1.0f);
+  for (int i = 0; i < 8; ++i) dpo.add_labels(i < 4 ? -100 : 1);
+  ExpectRefused(dpo, grpc::StatusCode::INVALID_ARGUMENT, "row 0 has none");
+  dpo.set_labels(3, 7);
+  EXPECT_TRUE(ValidateBatch(dpo, kLimits).ok());
+  for (int i = 0; i < 8; ++i) dpo.add_loss_weights(1.0f);
+  ExpectRefused(dpo, grpc::StatusCode::INVALID_ARGUMENT, "dpo takes no loss_weights");
+
+  v1::Batch linear = MakeBatch(1, 4);
+  for (int i = 0; i < 4; ++i) linear.add_loss_weights(-0.5f);
+  ExpectRefused(linear, grpc::StatusCode::INVALID_ARGUMENT, "loss_weights[0][0] = -0.5 is not a finite value >= 0");
+  linear.set_loss_fn("linear");
+  EXPECT_TRUE(ValidateBatch(linear, kLimits).ok()) << "linear takes weights of any sign";
+  linear.set_loss_fn("grpo");
+  ExpectRefused(linear, grpc::StatusCode::INVALID_ARGUMENT, "loss_fn \"grpo\" is not one of cross_entropy, linear");
+}
+
 TEST(ValidateOptimizerSettings, RefusesOutOfRangeValues) {
   EXPECT_TRUE(ValidateOptimizerSettings(v1::OptimizerSettings()).ok());
   v1::OptimizerSettings s;

@@ -83,6 +83,46 @@ def fill_batch(message, input_ids, labels=None, loss_weights=None):
     return batch, seq_len
 
 
+# loss_fn_inputs' keys -> the Batch message's per-position fields (Tinker's name for the sampler's).
+_OBJECTIVE_INPUTS = {"logprobs": "sampler_logprobs", "sampler_logprobs": "sampler_logprobs",
+                     "advantages": "advantages", "reference_logprobs": "reference_logprobs"}
+_LOSS_CONFIG_FIELDS = ("clip_low_threshold", "clip_high_threshold", "beta", "gamma", "label_smoothing", "z_loss",
+                       "cpo_alpha", "desirable_weight", "undesirable_weight")
+
+
+def fill_objective(message, batch, seq_len, loss_fn=None, loss_fn_inputs=None, loss_config=None,
+                   reference_session=None):
+    """The objective's part of a tigon.v1.Batch message: loss_fn, its per-position inputs ([batch,
+    seq_len] like input_ids; "desirable": one flag per row), its settings, and where reference
+    log-probabilities come from (a Session or a session id on the same server)."""
+    if loss_fn is not None:
+        message.loss_fn = str(loss_fn)
+    for key, values in (loss_fn_inputs or {}).items():
+        if key == "desirable":
+            flags = values.tolist() if np is not None and isinstance(values, np.ndarray) else list(values)
+            if len(flags) != batch:
+                raise InvalidArgument(f"desirable has {len(flags)} flags for {batch} rows")
+            message.desirable.extend(bool(f) for f in flags)
+            continue
+        if key not in _OBJECTIVE_INPUTS:
+            known = ", ".join(sorted(set(_OBJECTIVE_INPUTS) | {"desirable"}))
+            raise InvalidArgument(f"loss_fn_inputs has an unknown key {key!r}; known: {known}")
+        flat, b, s = _flatten(values, key, integer=False)
+        if (b, s) != (batch, seq_len):
+            raise InvalidArgument(f"{key} has shape [{b}, {s}], input_ids has [{batch}, {seq_len}]")
+        getattr(message, _OBJECTIVE_INPUTS[key]).extend(flat)
+    for key, value in (loss_config or {}).items():
+        if key == "loss_type":
+            message.loss_config.loss_type = str(value)
+        elif key in _LOSS_CONFIG_FIELDS:
+            setattr(message.loss_config, key, float(value))
+        else:
+            raise InvalidArgument(f"loss_config has an unknown key {key!r}; known: "
+                                  + ", ".join(_LOSS_CONFIG_FIELDS + ("loss_type",)))
+    if reference_session is not None:
+        message.reference_session_id = getattr(reference_session, "id", reference_session)
+
+
 def unflatten(values, batch, seq_len):
     """[batch, seq_len] numpy array (or list of lists without numpy) from a flat repeated field."""
     if np is not None:

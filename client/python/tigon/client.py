@@ -1,5 +1,6 @@
 """The client: `connect` -> `Client` -> `Session`; every call also exists as `*_async` returning a Future
 (one definition each: tigon/_calls.py)."""
+import dataclasses
 import json
 import os
 import threading
@@ -259,13 +260,14 @@ class Session:
 
     # ---- requests ----
 
-    def _batch_request(self, cls, input_ids, labels, loss_weights, **fields):
+    def _batch_request(self, cls, input_ids, labels, loss_weights, objective=None, **fields):
         request = cls(session_id=self.id, **fields)
-        _batch.fill_batch(request.batch, input_ids, labels, loss_weights)
+        batch, seq_len = _batch.fill_batch(request.batch, input_ids, labels, loss_weights)
+        _batch.fill_objective(request.batch, batch, seq_len, **(objective or {}))
         return request
 
-    def _train_request(self, input_ids, labels, loss_weights, request_id, settings):
-        request = self._batch_request(pb.TrainStepRequest, input_ids, labels, loss_weights,
+    def _train_request(self, input_ids, labels, loss_weights, request_id, settings, objective=None):
+        request = self._batch_request(pb.TrainStepRequest, input_ids, labels, loss_weights, objective,
                                       request_id=request_id or uuid.uuid4().hex)
         _optimizer_message(request.optimizer, settings, "train_step")
         return request
@@ -281,7 +283,8 @@ class Session:
 
         def convert(r):
             logprobs = _batch.unflatten(r.logprobs, batch, seq_len) if want else None
-            return ForwardResult(loss=r.loss, tokens=r.tokens, logprobs=logprobs, wall_seconds=r.wall_seconds)
+            return ForwardResult(loss=r.loss, tokens=r.tokens, logprobs=logprobs, wall_seconds=r.wall_seconds,
+                                 metrics=dict(r.metrics))
         return convert
 
     @staticmethod
@@ -314,21 +317,43 @@ class Session:
 
     # ---- steps ----
 
+    # Every step takes the objective as keywords: loss_fn (tigon.v1.LossConfig lists them; default
+    # "cross_entropy"), loss_fn_inputs (a dict: "logprobs" = the sampler's, "advantages",
+    # "reference_logprobs", each [batch, seq_len]; "desirable", one flag per row for kto), loss_config (a
+    # dict of the objective's settings, e.g. {"beta": 0.1}) and reference_session (a Session, or a session
+    # id on the same server, whose log-probabilities dpo and kto take as the reference).
+
     @call
     def train_step(self, input_ids, labels=None, loss_weights=None, lr=None, *, betas=None, beta1=None,
                    beta2=None, eps=None, weight_decay=None, max_grad_norm=None, request_id=None,
-                   timeout=None):
+                   loss_fn=None, loss_fn_inputs=None, loss_config=None, reference_session=None, timeout=None):
         """Forward, backward and an AdamW step on one batch; optimizer settings given here apply to this
         step only. labels default to input_ids shifted left by one (-100 = ignored)."""
         request = self._train_request(input_ids, labels, loss_weights, request_id,
-                                      self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm))
+                                      self._settings(lr, betas, beta1, beta2, eps, weight_decay, max_grad_norm),
+                                      _objective(loss_fn, loss_fn_inputs, loss_config, reference_session))
         return self._call("TrainStep", request, StepResult.from_proto, timeout, True)
 
     @call
-    def forward_backward(self, input_ids, labels=None, loss_weights=None, *, timeout=None):
+    def forward_backward(self, input_ids, labels=None, loss_weights=None, *, loss_fn=None, loss_fn_inputs=None,
+                         loss_config=None, reference_session=None, timeout=None):
         """Forward and backward; the gradients add to those pending until the next optim_step."""
-        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights)
+        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, loss_weights,
+                                      _objective(loss_fn, loss_fn_inputs, loss_config, reference_session))
         return self._call("ForwardBackward", request, StepResult.from_proto, timeout)
+
+    def forward_backward_custom(self, input_ids, loss, labels=None, *, timeout=None):
+        """Forward and backward for any loss of the per-token log-probabilities: `loss(logprobs)` gets them
+        as a [batch, seq_len] array (0 where the label is ignored). With torch installed it gets a float64
+        tensor that requires grad and returns a scalar tensor (or (tensor, metrics dict)); otherwise it
+        returns (loss value, dloss/dlogprobs as a [batch, seq_len] array). The server then applies that
+        gradient through its fused head (loss_fn "linear"). Costs one more forward pass than a built-in
+        objective. Returns the backward pass's StepResult with the loss (and metrics) of `loss`."""
+        forward = self.forward(input_ids, labels, return_logprobs=True, timeout=timeout)
+        value, grad, metrics = _custom_loss_gradient(loss, forward.logprobs)
+        result = self.forward_backward(input_ids, labels, [[-g for g in row] for row in grad], loss_fn="linear",
+                                       timeout=timeout)
+        return dataclasses.replace(result, loss=float(value), metrics=metrics)
 
     @call
     def optim_step(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
@@ -339,9 +364,12 @@ class Session:
         return self._call("OptimStep", request, StepResult.from_proto, timeout, True)
 
     @call
-    def forward(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False, timeout=None):
-        """Loss (and per-token log-probabilities with return_logprobs=True), no gradients."""
+    def forward(self, input_ids, labels=None, loss_weights=None, *, return_logprobs=False, loss_fn=None,
+                loss_fn_inputs=None, loss_config=None, reference_session=None, timeout=None):
+        """The batch's loss under its objective (and per-token log-probabilities with
+        return_logprobs=True), no gradients."""
         request = self._batch_request(pb.ForwardRequest, input_ids, labels, loss_weights,
+                                      _objective(loss_fn, loss_fn_inputs, loss_config, reference_session),
                                       return_logprobs=return_logprobs)
         return self._call("Forward", request, self._forward_convert(request), timeout, True)
 
@@ -394,6 +422,38 @@ class Session:
             except TigonError:
                 pass  # already closed, or the server is gone: nothing left to release
             return
+
+
+def _objective(loss_fn, loss_fn_inputs, loss_config, reference_session):
+    return dict(loss_fn=loss_fn, loss_fn_inputs=loss_fn_inputs, loss_config=loss_config,
+                reference_session=reference_session)
+
+
+def _custom_loss_gradient(loss, logprobs):
+    """(loss value, dloss/dlogprobs as lists of rows, metrics) of a forward_backward_custom loss."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        lp = torch.tensor(logprobs.tolist() if hasattr(logprobs, "tolist") else logprobs, dtype=torch.float64,
+                          requires_grad=True)
+        out = loss(lp)
+        value, metrics = (out[0], dict(out[1])) if isinstance(out, tuple) else (out, {})
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise InvalidArgument(f"the custom loss returned a tensor of {value.numel()} values, not a scalar")
+            (grad,) = torch.autograd.grad(value, lp, allow_unused=True)
+            grad = torch.zeros_like(lp) if grad is None else grad
+            return float(value.detach()), grad.tolist(), metrics
+        out = (value, metrics)
+    else:
+        out = loss(logprobs)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise InvalidArgument("without torch, the custom loss must return (loss value, dloss/dlogprobs)")
+    value, grad = out
+    rows = grad.tolist() if hasattr(grad, "tolist") else [list(row) for row in grad]
+    return float(value), rows, {}
 
 
 def _checkpoint_result(r):

@@ -1,5 +1,5 @@
 """Small typed results returned by the client."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 
@@ -16,13 +16,15 @@ class StepResult:
     peak_reserved_bytes: int
     accumulated_batches: int   # forward_backward calls whose gradients are pending
     replayed: bool = False     # a retried request id: the first call's result, not applied again
+    # The objective's own figures (loss_fn): e.g. ppo's clip_fraction, dpo's reward_accuracy.
+    metrics: Dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, m):
         return cls(step=m.step, loss=m.loss, tokens=m.tokens, grad_norm=m.grad_norm, lr=m.lr,
                    wall_seconds=m.wall_seconds, tokens_per_second=m.tokens_per_second,
                    peak_memory_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
-                   accumulated_batches=m.accumulated_batches, replayed=m.replayed)
+                   accumulated_batches=m.accumulated_batches, replayed=m.replayed, metrics=dict(m.metrics))
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class ForwardResult:
     # lists), 0 where the label is ignored; None unless requested with return_logprobs=True.
     logprobs: Optional[object]
     wall_seconds: float
+    metrics: Dict[str, float] = field(default_factory=dict)  # as StepResult.metrics
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,76 @@ Status CheckSessionChoices(const SessionOptions& options);
 
 // ---- batches and results ------------------------------------------------------------------------
 
-// A packed batch, row-major [batch, seq_len].
+// ---- objectives ---------------------------------------------------------------------------------
+//
+// What a step minimises. Every objective is a function of lp = log p(label) at the batch's target tokens
+// (labels != -100). Its gradient reaches the model through the fused LM head as one coefficient per
+// token, dL/dlp, so no objective materialises [tokens, vocab] logits. A step's loss is loss_sum / count
+// and the optimizer divides the gradients pending since the last update by the sum of their counts.
+// r = exp(lp - sampler_lp) is the importance ratio; sums and means below are over a row's target tokens.
+//
+//   cross_entropy        -w lp (w = loss_weights >= 0; label_smoothing, z_loss); count: target tokens
+//   linear               -w lp with weights of any sign; count 1. The gradient of any loss the client can
+//                        differentiate with respect to lp: w = -dL/dlp (forward_backward_custom)
+//   importance_sampling  -w r A (A = advantages); count: target tokens
+//   ppo                  -w min(r A, clip(r, clip_low_threshold, clip_high_threshold) A); thresholds 0.8, 1.2
+//   cispo                -w sg(clip(r, clip_low_threshold, clip_high_threshold)) A lp; thresholds 0, 4
+//   Rows pair up (chosen, rejected) = rows (0, 1), (2, 3), ...; count: pairs. h below is a margin.
+//   dpo                  loss_type "sigmoid": -(1-e) logsig(beta h) - e logsig(-beta h) (e = label_smoothing),
+//                        "ipo": (h - 1/(2 beta))^2 over per-token means, "hinge": relu(1 - beta h);
+//                        h = (sum lp - sum ref_lp)_chosen - (sum lp - sum ref_lp)_rejected; beta 0.1
+//   simpo                -(1-e) logsig(beta h - gamma) - e logsig(gamma - beta h), h = mean lp_chosen -
+//                        mean lp_rejected; no reference; beta 2, gamma 1
+//   cpo                  as dpo's sigmoid without the reference, h = sum lp_chosen - sum lp_rejected, plus
+//                        cpo_alpha (1) times the chosen rows' mean -lp; beta 0.1
+//   orpo                 the chosen rows' mean -lp - beta logsig(log odds(mean lp_chosen) - log odds(mean
+//                        lp_rejected)), log odds(x) = x - log(1 - exp(x)); beta 0.1
+//   kto                  rows labelled desirable or not; count: rows. z = max(0, mean over rows of (sum lp -
+//                        sum ref_lp)), held constant; desirable: desirable_weight (1 - sig(beta (d - z))),
+//                        undesirable: undesirable_weight (1 - sig(beta (z - d))), d = sum lp - sum ref_lp;
+//                        beta 0.1. (z is estimated from the batch's own rows, not from mismatched pairs.)
+// Figures (StepStats::metrics): importance_sampling, ppo, cispo: ratio_mean, sampler_kl (mean of
+// sampler_lp - lp), and clip_fraction (ppo: tokens whose clipped term is the smaller; cispo: tokens whose
+// ratio was clipped); the pair objectives: rewards_chosen, rewards_rejected, reward_margin, reward_accuracy
+// (rewards: beta times the margin's terms per row), cpo and orpo also nll, orpo log_odds_ratio; kto: kl
+// (z), rewards_desirable, rewards_undesirable.
+inline constexpr const char* kObjectiveNames[] = {"cross_entropy", "linear", "importance_sampling", "ppo", "cispo",
+                                                  "dpo", "simpo", "cpo", "orpo", "kto"};
+inline constexpr const char* kDpoLossTypes[] = {"sigmoid", "ipo", "hinge"};
+
+// An objective's settings; unset fields take the objective's defaults above. A field the objective
+// does not use is refused (kInvalidArgument), so that a typo does not go unnoticed.
+struct LossConfig {
+  std::optional<double> clip_low_threshold, clip_high_threshold;  // ppo, cispo: bounds of the ratio
+  std::optional<double> beta;                                     // the preference objectives, kto
+  std::optional<double> gamma;                                    // simpo: the target margin
+  std::optional<double> label_smoothing;  // cross_entropy: over the vocabulary; dpo (sigmoid), simpo, cpo
+  std::optional<double> z_loss;           // cross_entropy: z_loss * logsumexp^2 per token
+  std::optional<double> cpo_alpha;        // cpo: weight of the chosen rows' cross-entropy
+  std::optional<double> desirable_weight, undesirable_weight;  // kto
+  std::string loss_type;                  // dpo: "sigmoid" (empty), "ipo" or "hinge"
+};
+
+// A packed batch, row-major [batch, seq_len], and what its step minimises.
 struct Batch {
   int64_t batch = 0;
   int64_t seq_len = 0;
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;       // empty: input_ids shifted left by one, last position ignored
   std::vector<float> loss_weights;   // empty: 1 for every position
+  std::string loss_fn;               // one of kObjectiveNames; empty: "cross_entropy"
+  LossConfig loss_config;
+  // Per position, [batch * seq_len], read at target positions only; empty unless loss_fn uses them:
+  std::vector<float> sampler_logprobs;    // importance_sampling, ppo, cispo: log q(label) of the sampler
+  std::vector<float> advantages;          // importance_sampling, ppo, cispo
+  std::vector<float> reference_logprobs;  // dpo, kto: log p_ref(label), as Forward returns them
+  std::vector<uint8_t> desirable;         // kto: per row, 1 desirable, 0 undesirable
 };
+
+// The objective's name ("cross_entropy" for an empty loss_fn).
+inline std::string ObjectiveName(const Batch& batch) {
+  return batch.loss_fn.empty() ? std::string("cross_entropy") : batch.loss_fn;
+}
 
 inline constexpr int32_t kIgnoreIndex = -100;
 
@@ -150,10 +212,18 @@ BatchLimits BatchLimitsOf(const SessionInfo& info);
 //  - input_ids, and labels/loss_weights when given, hold batch * seq_len values;
 //  - ids in [0, vocab_size), labels in [0, vocab_size) or kIgnoreIndex, weights finite and >= 0;
 //  - at least one target token (a label that is not kIgnoreIndex, or any position but each row's last
-//    with the default labels) with a positive weight: the loss is a mean over them.
+//    with the default labels) with a positive weight: the loss is a mean over them;
+//  - the objective (see above): loss_fn a known name, its settings in range and only those it uses; the
+//    per-position inputs it needs present, finite, and no others; weights of any sign for "linear" only,
+//    none for the pair and kto objectives; for those, an even number of rows (pairs), each row with at
+//    least one target token, and kto's desirable flags 0 or 1, one per row.
 // Messages name the field and the [row][column] of the first bad value. kInvalidArgument otherwise.
 Status CheckBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits);
 Status CheckBatch(const Batch& batch, const BatchLimits& limits);
+
+// The objectives whose rows are independent and whose count is their target tokens: what a session
+// spread over several devices accepts (its ranks hold different rows).
+bool ObjectiveIsPerToken(const std::string& loss_fn);
 
 // What the caller of a call still wants. The engine looks at it when a step starts and again between
 // the forward-backward pass and the optimizer update; a call no longer wanted returns kDeadlineExceeded or
@@ -180,12 +250,16 @@ struct StepStats {
   int64_t peak_allocated_bytes = 0;  // device memory during this call (CPU: 0)
   int64_t peak_reserved_bytes = 0;
   int64_t accumulated_batches = 0;   // forward-backward calls whose gradients are pending
+  // The objective's own figures for this call's batch: e.g. the clipped
+  // fraction and mean ratio of ppo, the rewards, margin and accuracy of dpo. Empty for cross_entropy.
+  std::map<std::string, double> metrics;
 };
 
 struct ForwardResult {
-  double loss = 0.0;
+  double loss = 0.0;  // the batch's objective, as a step would report it
   int64_t tokens = 0;
   std::vector<float> logprobs;  // [batch * seq_len]: log p(label) per position, 0 where ignored
+  std::map<std::string, double> metrics;  // as StepStats::metrics
 };
 
 struct OpSelection {

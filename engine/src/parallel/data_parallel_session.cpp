@@ -140,7 +140,7 @@ class DataParallelSession final : public Session {
 
   Status Forward(const Batch& batch, const CallContext& context, ForwardResult* result) override {
     TIGON_RETURN_IF_ERROR(CheckUsable());
-    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    TIGON_RETURN_IF_ERROR(CheckRows(batch));
     TIGON_RETURN_IF_ERROR(context.Check("before the forward pass started"));
     // No collectives here, so a batch with fewer rows than replicas simply uses fewer of them.
     const int used = static_cast<int>(std::min<int64_t>(batch.batch, replicas()));
@@ -160,9 +160,11 @@ class DataParallelSession final : public Session {
     for (auto& part : parts) {
       out.tokens += part.tokens;
       loss_sum += part.loss * static_cast<double>(part.tokens);
+      for (const auto& [name, value] : part.metrics) out.metrics[name] += value * static_cast<double>(part.tokens);
       out.logprobs.insert(out.logprobs.end(), part.logprobs.begin(), part.logprobs.end());
     }
     out.loss = out.tokens > 0 ? loss_sum / static_cast<double>(out.tokens) : 0.0;
+    for (auto& [name, sum] : out.metrics) sum = out.tokens > 0 ? sum / static_cast<double>(out.tokens) : 0.0;
     if (result) *result = std::move(out);
     return Status::Ok();
   }
@@ -216,10 +218,21 @@ class DataParallelSession final : public Session {
                                                 broken_.message());
   }
 
+  // The batch contract, and over several replicas an objective whose tokens are independent: the
+  // replicas hold different rows, and a pair or kto objective needs all of them at once.
+  Status CheckRows(const Batch& batch) const {
+    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    if ((replicas() > 1 || spans_processes_) && !ObjectiveIsPerToken(ObjectiveName(batch)))
+      return Status(StatusCode::kInvalidArgument,
+                    "loss_fn " + ObjectiveName(batch) + " is not available on a data-parallel session: it needs " +
+                        "every row of the batch on one device (cross_entropy, importance_sampling, ppo and cispo are)");
+    return Status::Ok();
+  }
+
   // Ranks in other processes check their own rows; all of them must agree before any collective starts
   // (a rank that refused its rows would leave the others waiting in the gradient sums).
   Status AgreeOnBatch(const Batch& batch) {
-    Status local = CheckBatch(batch, limits_);
+    Status local = CheckRows(batch);
     double refusals = local.ok() ? 0.0 : 1.0;
     Status summed = group_->rank(0).AllReduceValues(&refusals, 1);
     if (!summed.ok()) {
@@ -235,7 +248,7 @@ class DataParallelSession final : public Session {
 
   Status CheckTrainingBatch(const Batch& batch) {
     if (spans_processes_) return AgreeOnBatch(batch);
-    TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
+    TIGON_RETURN_IF_ERROR(CheckRows(batch));
     if (batch.batch < replicas())
       return Status(StatusCode::kInvalidArgument,
                     "a batch of " + std::to_string(batch.batch) + " row(s) cannot be split over " +
@@ -376,9 +389,11 @@ class DataParallelSession final : public Session {
     }
     int64_t tokens = 0;
     double loss_sum = 0.0;
+    std::map<std::string, double> metric_sums;  // token-weighted: every objective here is per token
     for (const auto& part : parts) {
       tokens += part.tokens;
       loss_sum += part.loss * static_cast<double>(part.tokens);
+      for (const auto& [name, value] : part.metrics) metric_sums[name] += value * static_cast<double>(part.tokens);
       out->peak_allocated_bytes = std::max(out->peak_allocated_bytes, part.peak_allocated_bytes);
       out->peak_reserved_bytes = std::max(out->peak_reserved_bytes, part.peak_reserved_bytes);
     }
@@ -392,6 +407,10 @@ class DataParallelSession final : public Session {
     pending_batches_ += 1;
     pending_tokens_ += tokens;
     out->loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
+    // Ranks in other processes: this process's rows' figures.
+    int64_t local_tokens = 0;
+    for (const auto& part : parts) local_tokens += part.tokens;
+    for (const auto& [name, sum] : metric_sums) out->metrics[name] = local_tokens > 0 ? sum / local_tokens : 0.0;
     out->tokens = tokens;
     out->step = Info().step;
     out->accumulated_batches = pending_batches_;

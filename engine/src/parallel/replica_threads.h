@@ -110,8 +110,17 @@ inline Batch SliceRows(const Batch& batch, int64_t first, int64_t count) {
   const int64_t begin = first * batch.seq_len, end = (first + count) * batch.seq_len;
   out.input_ids.assign(batch.input_ids.begin() + begin, batch.input_ids.begin() + end);
   if (!batch.labels.empty()) out.labels.assign(batch.labels.begin() + begin, batch.labels.begin() + end);
-  if (!batch.loss_weights.empty())
-    out.loss_weights.assign(batch.loss_weights.begin() + begin, batch.loss_weights.begin() + end);
+  auto slice = [&](const std::vector<float>& from, std::vector<float>* to) {
+    if (!from.empty()) to->assign(from.begin() + begin, from.begin() + end);
+  };
+  slice(batch.loss_weights, &out.loss_weights);
+  slice(batch.sampler_logprobs, &out.sampler_logprobs);
+  slice(batch.advantages, &out.advantages);
+  slice(batch.reference_logprobs, &out.reference_logprobs);
+  if (!batch.desirable.empty())
+    out.desirable.assign(batch.desirable.begin() + first, batch.desirable.begin() + first + count);
+  out.loss_fn = batch.loss_fn;
+  out.loss_config = batch.loss_config;
   return out;
 }
 

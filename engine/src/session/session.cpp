@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint_files.h"
 #include "models/model.h"
 #include "models/safetensors.h"
+#include "objectives/objectives.h"
 #include "parallel/replica.h"
 #include "runtime/clock.h"
 #include "runtime/device_memory.h"
@@ -169,16 +170,14 @@ class SessionImpl final : public ReplicaSession {
     try {
       c10::DeviceGuard guard(device_);
       torch::NoGradGuard no_grad;
-      auto [ids, labels, weights] = ToTensors(batch);
-      auto logprobs = model_->TokenLogProbs(ids, labels).to(torch::kFloat);
-      auto valid = labels.ne(kIgnoreIndex);
-      const int64_t tokens = valid.sum().item<int64_t>();
-      auto weighted = weights.defined() ? logprobs * weights : logprobs;
-      const double sum = weighted.masked_fill(valid.logical_not(), 0.0).sum(torch::kDouble).item<double>();
+      torch::Tensor logprobs;
+      const ObjectivePass pass =
+          EvaluateWithoutGradients(*model_, ObjectiveSettings(batch), ToBatchTensors(batch, device_), &logprobs);
       ForwardResult out;
-      out.tokens = tokens;
-      out.loss = tokens > 0 ? -sum / static_cast<double>(tokens) : 0.0;
-      auto flat = logprobs.masked_fill(valid.logical_not(), 0.0).reshape({-1}).contiguous().cpu();
+      out.tokens = pass.tokens;
+      out.loss = pass.count > 0 ? pass.loss_sum_value / static_cast<double>(pass.count) : 0.0;
+      out.metrics = pass.metrics;
+      auto flat = logprobs.to(torch::kFloat).reshape({-1}).contiguous().cpu();
       out.logprobs.assign(flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
       if (result) *result = std::move(out);
       return Status::Ok();
@@ -278,7 +277,7 @@ class SessionImpl final : public ReplicaSession {
       }
       flat_->ZeroGrads();
       pending_batches_ = 0;
-      pending_tokens_ = 0;
+      pending_count_ = 0;
       if (has_optimizer) {
         flat_->exp_avg().copy_(optimizer.at("exp_avg"));
         flat_->exp_avg_sq().copy_(optimizer.at("exp_avg_sq"));
@@ -310,8 +309,8 @@ class SessionImpl final : public ReplicaSession {
   Status ForwardBackwardRows(const Batch& rows, StepStats* stats) override {
     return RunForwardBackward(rows, stats, "forward_backward");
   }
-  int64_t pending_tokens() const override { return pending_tokens_; }
-  void SetPendingTokens(int64_t tokens) override { pending_tokens_ = tokens; }
+  int64_t pending_tokens() const override { return pending_count_; }
+  void SetPendingTokens(int64_t tokens) override { pending_count_ = tokens; }
   void DropPendingGradients() override { DropGradients(); }
   void SetReportedDevices(std::vector<int> devices) override { devices_ = std::move(devices); }
   void SetFailureListener(std::function<void()> listener) override { failure_listener_ = std::move(listener); }
@@ -343,25 +342,12 @@ class SessionImpl final : public ReplicaSession {
     return state;
   }
 
-  // input_ids, labels (aligned; default = inputs shifted left), weights (undefined when absent).
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> ToTensors(const Batch& batch) const {
-    const auto shape = std::vector<int64_t>{batch.batch, batch.seq_len};
-    auto ids = torch::from_blob(const_cast<int32_t*>(batch.input_ids.data()), shape, torch::kInt32)
-                   .to(torch::kLong);
-    torch::Tensor labels;
-    if (batch.labels.empty()) {
-      labels = torch::full(shape, kIgnoreIndex, torch::kLong);
-      labels.narrow(1, 0, batch.seq_len - 1).copy_(ids.narrow(1, 1, batch.seq_len - 1));
-    } else {
-      labels = torch::from_blob(const_cast<int32_t*>(batch.labels.data()), shape, torch::kInt32).to(torch::kLong);
-    }
-    torch::Tensor weights;
-    if (!batch.loss_weights.empty())
-      weights = torch::from_blob(const_cast<float*>(batch.loss_weights.data()), shape, torch::kFloat).clone();
-    ids = ids.to(device_);
-    labels = labels.to(device_);
-    if (weights.defined()) weights = weights.to(device_);
-    return {ids, labels, weights};
+  // The batch's objective, resolved (the batch passed CheckBatch, which resolved it once already).
+  static objectives::Settings ObjectiveSettings(const Batch& batch) {
+    objectives::Settings settings;
+    const Status status = objectives::Resolve(batch.loss_fn, batch.loss_config, &settings);
+    if (!status.ok()) throw std::invalid_argument(status.message());
+    return settings;
   }
 
   Status RunForwardBackward(const Batch& batch, StepStats* out, const char* call) {
@@ -369,16 +355,14 @@ class SessionImpl final : public ReplicaSession {
       c10::DeviceGuard guard(device_);
       ResetPeakMemory(device_);
       if (!flat_->has_grads()) flat_->AttachGrads();  // first accumulation with the optimizer in backward
-      auto [ids, labels, weights] = ToTensors(batch);
-      const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
-      torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
+      const ObjectivePass pass = ForwardObjective(*model_, ObjectiveSettings(batch), ToBatchTensors(batch, device_));
       // Rows of a data-parallel batch may hold no target token, and then their loss may have no graph.
-      if (loss_sum.requires_grad()) loss_sum.backward();
-      const double loss_value = loss_sum.item<double>();
+      if (pass.loss_sum.requires_grad()) pass.loss_sum.backward();
       pending_batches_ += 1;
-      pending_tokens_ += tokens;
-      out->loss = tokens > 0 ? loss_value / static_cast<double>(tokens) : 0.0;
-      out->tokens = tokens;
+      pending_count_ += pass.count;
+      out->loss = pass.count > 0 ? pass.loss_sum_value / static_cast<double>(pass.count) : 0.0;
+      out->tokens = pass.tokens;
+      out->metrics = pass.metrics;
       out->step = step_;
       out->accumulated_batches = pending_batches_;
       FillMemory(out);
@@ -403,7 +387,7 @@ class SessionImpl final : public ReplicaSession {
   Status RunOptimStep(const OptimizerSettings& settings, StepStats* out) {
     try {
       c10::DeviceGuard guard(device_);
-      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(pending_tokens_, 1));
+      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(pending_count_, 1));
       const double grad_norm = flat_->GradNorm(scale);
       if (!std::isfinite(grad_norm)) {
         DropGradients();
@@ -455,10 +439,9 @@ class SessionImpl final : public ReplicaSession {
     try {
       c10::DeviceGuard guard(device_);
       ResetPeakMemory(device_);
-      auto [ids, labels, weights] = ToTensors(batch);
-      const int64_t tokens = labels.ne(kIgnoreIndex).sum().item<int64_t>();
-      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(tokens, 1));
-      torch::Tensor loss_sum = model_->LossSum(ids, labels, weights);
+      const ObjectivePass pass = ForwardObjective(*model_, ObjectiveSettings(batch), ToBatchTensors(batch, device_));
+      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(pass.count, 1));
+      const torch::Tensor& loss_sum = pass.loss_sum;
       flat_->DetachGrads();
       in_backward_->Arm(NextAdamW(settings, scale), fused_adamw_);
       OptimizerInBackward::Result result;
@@ -480,8 +463,9 @@ class SessionImpl final : public ReplicaSession {
                           " is not finite and, with the optimizer in backward, it was already applied: " +
                           "the session is broken until a checkpoint is loaded");
       }
-      out->loss = loss_sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
-      out->tokens = tokens;
+      out->loss = pass.loss_sum_value / static_cast<double>(std::max<int64_t>(pass.count, 1));
+      out->tokens = pass.tokens;
+      out->metrics = pass.metrics;
       FillUpdate(grad_norm, settings, out);
       return Status::Ok();
     } catch (const std::exception& e) {
@@ -522,7 +506,7 @@ class SessionImpl final : public ReplicaSession {
     } catch (...) {
     }
     pending_batches_ = 0;
-    pending_tokens_ = 0;
+    pending_count_ = 0;
   }
 
   void FillMemory(StepStats* out) const {
@@ -546,7 +530,9 @@ class SessionImpl final : public ReplicaSession {
   BatchLimits limits_;  // what CheckBatch holds this session's batches to
   int64_t step_ = 0;
   int64_t pending_batches_ = 0;
-  int64_t pending_tokens_ = 0;
+  // What the pending gradients' losses are means over (target tokens for cross_entropy; engine.h's
+  // objectives): the optimizer divides the gradients by it.
+  int64_t pending_count_ = 0;
   std::function<void()> failure_listener_;  // data parallelism: see ReplicaSession
 };
 
