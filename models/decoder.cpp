@@ -410,6 +410,18 @@ torch::Tensor DecoderModel::HeadLossSum(const torch::Tensor& hidden, const torch
   return loss.to(torch::kFloat32).reshape({});
 }
 
+torch::Tensor DecoderModel::HeadLossSumWeightedBy(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                                  const ops::ChunkWeightsFn& weights_of, int64_t chunk_multiple) const {
+  if (ops_.Get("fused_linear_cross_entropy") != OpChoice::kFused) return torch::Tensor();
+  const int64_t tokens = hidden.size(0) * hidden.size(1);
+  const torch::Tensor& lm_head = param(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  return ops::fused_linear_cross_entropy_weighted_by(hidden.reshape({tokens, config_.hidden_size}), lm_head,
+                                                     labels.reshape({tokens}).to(device(), torch::kInt64), weights_of,
+                                                     chunk_multiple)
+      .to(torch::kFloat32)
+      .reshape({});
+}
+
 torch::Tensor DecoderModel::TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,
                                           int64_t chunk_tokens) const {
   torch::NoGradGuard no_grad;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/ops/common.h"
+#include "kernels/ops/fused_linear_cross_entropy.h"
 
 namespace tigon::models {
 
@@ -148,6 +149,12 @@ class DecoderModel {
   // memory for its gradient, so `hidden` has no other use afterwards.
   torch::Tensor HeadLossSum(const torch::Tensor& hidden, const torch::Tensor& labels,
                             const torch::Tensor& loss_weights, const CrossEntropyOptions& options = {}) const;
+  // HeadLossSum whose weights come from each chunk's own log-probabilities (ops::
+  // fused_linear_cross_entropy_weighted_by: weights_of gets a chunk's -log p(label), tokens in row-major
+  // order, chunks a multiple of chunk_multiple tokens), in one pass over the logits. Undefined when the op
+  // table's head is the reference one, whose caller computes the log-probabilities first instead.
+  torch::Tensor HeadLossSumWeightedBy(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                      const ops::ChunkWeightsFn& weights_of, int64_t chunk_multiple) const;
   // Per-position log p(label) [B, T] fp32 (0 where ignored), no autograd, computed in chunks of
   // `chunk_tokens` positions (0: about 256 MB of fp32 logits per chunk).
   torch::Tensor TokenLogProbs(const torch::Tensor& input_ids, const torch::Tensor& labels,

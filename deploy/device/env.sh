@@ -15,3 +15,4 @@ TORCH_CMAKE=$($TIGON_PYTHON -c "import torch; print(torch.utils.cmake_prefix_pat
 export TORCH_CMAKE
 [[ -d .deps/data ]] && export TIGON_DATA_DIR=$PWD/.deps/data
 export TIGON_BUILD_DIR=${TIGON_BUILD_DIR:-build-gpu}
+[[ -d .deps/python ]] && export PYTHONPATH=$PWD/.deps/python${PYTHONPATH:+:$PYTHONPATH}

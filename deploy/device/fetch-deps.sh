@@ -14,3 +14,14 @@ apt-get download libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libprotobuf-d
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0 \
   libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev libcurl4 2>&1 | grep -v "couldn't be accessed by user '_apt'" || true
 ls | wc -l
+# Liger-Kernel's Python sources, the peer the post-training benchmarks run beside Tigon
+# (bench/objective_heads.py), from a checkout next to the repository when there is one: the GPU machine
+# has torch and triton but no package registry. env.sh puts .deps/python on PYTHONPATH.
+cd ../..
+for liger in ../shared/anchors/liger-kernel "${TIGON_LIGER_SRC:-}"; do
+  if [[ -n $liger && -d $liger/src/liger_kernel ]]; then
+    mkdir -p .deps/python && rm -rf .deps/python/liger_kernel && cp -r "$liger/src/liger_kernel" .deps/python/
+    echo "liger_kernel from $liger"
+    break
+  fi
+done

@@ -53,7 +53,8 @@ struct ChunkedResult {
 ChunkedResult RunChunks(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& bias,
                         const torch::Tensor& target, const torch::Tensor& row_weights,
                         const CrossEntropyOptions& options, const torch::Tensor& n_valid, int64_t chunk_size,
-                        bool want_hidden, bool want_weight, bool want_bias, bool grad_over_hidden = false) {
+                        bool want_hidden, bool want_weight, bool want_bias, bool grad_over_hidden = false,
+                        const ChunkWeightsFn* weights_of = nullptr) {
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   const bool write_grad = want_hidden || want_weight || want_bias;
   ChunkedResult r;
@@ -82,9 +83,18 @@ ChunkedResult RunChunks(const torch::Tensor& hidden, const torch::Tensor& weight
     } else {
       at::mm_out(logits, h, weight_t);
     }
-    detail::CrossEntropyRows(logits, target.narrow(0, start, rows),
-                             row_weights.defined() ? row_weights.narrow(0, start, rows) : torch::Tensor(), options,
-                             n_valid, 1.0, write_grad, r.loss_rows.narrow(0, start, rows));
+    torch::Tensor chunk_weights = row_weights.defined() ? row_weights.narrow(0, start, rows) : torch::Tensor();
+    if (weights_of != nullptr) {  // the losses first (logits untouched), then the weights they give
+      detail::CrossEntropyRows(logits, target.narrow(0, start, rows), torch::Tensor(), options, n_valid, 1.0,
+                               /*write_grad=*/false, r.loss_rows.narrow(0, start, rows));
+      chunk_weights = (*weights_of)(r.loss_rows.narrow(0, start, rows), start, rows).to(r.loss_rows.scalar_type());
+      TORCH_CHECK(chunk_weights.dim() == 1 && chunk_weights.size(0) == rows,
+                  "fused_linear_cross_entropy_weighted_by: the weights of a chunk of ", rows, " tokens have shape ",
+                  chunk_weights.sizes());
+      chunk_weights = chunk_weights.contiguous();
+    }
+    detail::CrossEntropyRows(logits, target.narrow(0, start, rows), chunk_weights, options, n_valid, 1.0, write_grad,
+                             r.loss_rows.narrow(0, start, rows));
     if (!write_grad) continue;
     if (want_weight) {
       if (start == 0) {
@@ -213,6 +223,41 @@ class FusedLinearCrossEntropyFunction : public torch::autograd::Function<FusedLi
   }
 };
 
+// fused_linear_cross_entropy_weighted_by: forward computes the weighted sum and its gradients, as the
+// "sum" reduction does; backward scales them by grad_output.
+class WeightedByFunction : public torch::autograd::Function<WeightedByFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
+                               const torch::Tensor& target, const ChunkWeightsFn& weights_of, int64_t chunk_size,
+                               bool need_hidden, bool need_weight) {
+    CheckInputs(hidden, weight, torch::Tensor(), target, torch::Tensor());
+    CrossEntropyOptions options;
+    options.reduction = Reduction::kSum;
+    const bool over_hidden = need_hidden && hidden.is_contiguous() && hidden.data_ptr() != weight.data_ptr();
+    const ChunkedResult r = RunChunks(hidden, weight, torch::Tensor(), target, torch::Tensor(), options,
+                                      torch::Tensor(), chunk_size, need_hidden, need_weight, false, over_hidden,
+                                      &weights_of);
+    if (over_hidden) torch::autograd::impl::bump_version(hidden);
+    ctx->saved_data["grad_hidden"] = r.grad_hidden;
+    ctx->saved_data["grad_weight"] = r.grad_weight;
+    return detail::ReduceLoss(r.loss_rows, torch::Tensor(), Reduction::kSum);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    torch::Tensor grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
+    torch::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+    ctx->saved_data.erase("grad_hidden");
+    ctx->saved_data.erase("grad_weight");
+    if (grad_outputs[0].item<double>() != 1.0) {
+      for (torch::Tensor* g : {&grad_hidden, &grad_weight}) {
+        if (g->defined()) g->mul_(grad_outputs[0]);
+      }
+    }
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 torch::Tensor FusedLinearCrossEntropyOp(const torch::Tensor& hidden, const torch::Tensor& weight,
                                         const c10::optional<torch::Tensor>& bias, const torch::Tensor& target,
                                         const c10::optional<torch::Tensor>& token_weights, int64_t ignore_index,
@@ -256,6 +301,19 @@ int64_t DefaultFusedLinearCrossEntropyChunk(int64_t n, int64_t vocab, int64_t hi
   const int64_t rounded = (chunk + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
   if (rounded <= max_rows) chunk = rounded;
   return std::min(chunk, n);
+}
+
+torch::Tensor fused_linear_cross_entropy_weighted_by(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                     const torch::Tensor& target, const ChunkWeightsFn& weights_of,
+                                                     int64_t chunk_multiple, int64_t chunk_size) {
+  const bool grad_mode = torch::GradMode::is_enabled();
+  const int64_t n = hidden.size(0);
+  int64_t chunk = chunk_size > 0 ? chunk_size
+                                 : DefaultFusedLinearCrossEntropyChunk(n, weight.size(0), hidden.size(1),
+                                                                       static_cast<int64_t>(hidden.element_size()));
+  if (chunk_multiple > 1) chunk = std::max(chunk_multiple, chunk / chunk_multiple * chunk_multiple);
+  return WeightedByFunction::apply(hidden, weight, target, weights_of, std::min(std::max<int64_t>(chunk, 1), std::max<int64_t>(n, 1)),
+                                   grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
 }
 
 torch::Tensor fused_linear_cross_entropy_chunked(const torch::Tensor& hidden, const torch::Tensor& weight,

@@ -299,3 +299,58 @@ TEST(FusedLinearCrossEntropyCpu, ConsumingHiddenSavedByAnotherNodeFailsInsteadOf
 
 }  // namespace
 }  // namespace tigon
+
+namespace tigon {
+namespace {
+
+// Weights from the tokens' own losses, chunk by chunk: the sum and gradients equal the reference cross
+// entropy with those weights (computed here from the float64 log-probabilities), whatever the chunking; the
+// chunks arrive in order, cover every token once, and hold whole multiples of chunk_multiple.
+TEST(FusedLinearCrossEntropyCpu, WeightsFromTheTokensOwnLossesChunkByChunk) {
+  torch::manual_seed(21);
+  const int64_t n = 36, h = 8, v = 23;
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const torch::Tensor hidden0 = torch::randn({n, h}, f64), weight0 = torch::randn({v, h}, f64) * 0.5;
+  torch::Tensor target = torch::randint(0, v, {n}, torch::kLong);
+  target.index_put_({torch::arange(0, n, 5)}, -100);
+  const torch::Tensor advantages = torch::randn({n}, f64);
+  // An importance-sampling-like coefficient: -exp(lp) * A, nonlinear in lp and of both signs.
+  auto weight_of_losses = [&](const torch::Tensor& losses, int64_t start, int64_t rows) {
+    return torch::exp(-losses) * advantages.narrow(0, start, rows);
+  };
+  for (int64_t chunk : {0, 4, 12, 36}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    std::vector<std::pair<int64_t, int64_t>> seen;
+    torch::Tensor hidden = hidden0.clone().requires_grad_(true), weight = weight0.clone().requires_grad_(true);
+    const torch::Tensor loss = ops::fused_linear_cross_entropy_weighted_by(
+        hidden, weight, target,
+        [&](const torch::Tensor& losses, int64_t start, int64_t rows) {
+          seen.emplace_back(start, rows);
+          return weight_of_losses(losses, start, rows);
+        },
+        /*chunk_multiple=*/4, chunk);
+    loss.backward();
+    int64_t next = 0;
+    for (const auto& [start, rows] : seen) {
+      EXPECT_EQ(start, next);
+      EXPECT_EQ(rows % 4, 0);
+      next = start + rows;
+    }
+    EXPECT_EQ(next, n);
+    if (chunk == 4) EXPECT_EQ(seen.size(), 9u);
+    // The reference: the weights from the float64 losses, held constant.
+    torch::Tensor h2 = hidden0.clone().requires_grad_(true), w2 = weight0.clone().requires_grad_(true);
+    const torch::Tensor logits = h2.matmul(w2.t());
+    const torch::Tensor lp = torch::log_softmax(logits, -1).gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1);
+    const torch::Tensor valid = target.ne(-100).to(torch::kFloat64);
+    const torch::Tensor w = weight_of_losses((-lp * valid).detach(), 0, n);
+    const torch::Tensor expected = -(w * lp * valid).sum();
+    expected.backward();
+    EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-9);
+    EXPECT_TRUE(torch::allclose(hidden.grad(), h2.grad(), 1e-9, 1e-11));
+    EXPECT_TRUE(torch::allclose(weight.grad(), w2.grad(), 1e-9, 1e-11));
+  }
+}
+
+}  // namespace
+}  // namespace tigon

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tigon::engine {
@@ -30,7 +31,7 @@ void TokenObjective(const objectives::Settings& s, const Tensor& lp, const Tenso
   // Ignored positions get log-ratio 0, so that a sampler value there cannot overflow exp.
   const Tensor log_ratio = (lp - Double(b.sampler_logprobs)) * valid;
   const Tensor ratio = log_ratio.exp();
-  const double tokens = Value(valid.sum());
+  const double tokens = std::max(1.0, Value(valid.sum()));  // a chunk of the fused head may hold none
   Tensor loss, clipped_tokens;
   switch (s.kind) {
     case Kind::kImportanceSampling:
@@ -265,10 +266,67 @@ ObjectivePass ForwardObjective(const models::DecoderModel& model, const objectiv
   return HeadObjective(model, settings, model.HiddenStates(batch.input_ids), batch);
 }
 
+namespace {
+
+// The batch's rows [first, first + count), or (rows = false) its tokens [first, first + count) in
+// row-major order as one row: what a chunk of the fused head covers.
+BatchTensors Slice(const BatchTensors& b, int64_t first, int64_t count, bool rows) {
+  auto cut = [&](const Tensor& t) {
+    if (!t.defined()) return t;
+    return rows ? t.narrow(0, first, count) : t.reshape({1, -1}).narrow(1, first, count);
+  };
+  BatchTensors out;
+  out.input_ids = cut(b.input_ids);
+  out.labels = cut(b.labels);
+  out.weights = cut(b.weights);
+  out.sampler_logprobs = cut(b.sampler_logprobs);
+  out.advantages = cut(b.advantages);
+  out.reference_logprobs = cut(b.reference_logprobs);
+  if (rows && b.desirable.defined()) out.desirable = b.desirable.narrow(0, first, count);
+  return out;
+}
+
+// The objectives whose coefficients the fused head can compute chunk by chunk: per token, or per pair
+// of rows when a pair's logits fit a chunk of about 1 GiB (cpo's and orpo's cross-entropy term is a mean
+// over the whole batch, and kto's z a mean over all rows: those read the log-probabilities first).
+bool OnePass(const objectives::Settings& s, int64_t seq_len, const models::DecoderModel& model) {
+  if (objectives::UsesSampler(s.kind)) return true;
+  if (s.kind != Kind::kDpo && s.kind != Kind::kSimpo) return false;
+  const int64_t pair_bytes = 2 * seq_len * model.config().vocab_size * static_cast<int64_t>(c10::elementSize(model.dtype()));
+  return pair_bytes <= (int64_t{1} << 30);
+}
+
+}  // namespace
+
 ObjectivePass HeadObjective(const models::DecoderModel& model, const objectives::Settings& settings,
                             const Tensor& hidden, const BatchTensors& batch) {
   ObjectivePass pass;
   pass.tokens = batch.labels.ne(kIgnoreIndex).sum().item<int64_t>();
+  const int64_t seq_len = batch.labels.size(1);
+  if (OnePass(settings, seq_len, model)) {
+    const bool pairs = objectives::PairsRows(settings.kind);
+    double loss_sum = 0;
+    int64_t count = 0;
+    std::map<std::string, double> metric_sums;  // each chunk's figure times its count
+    auto weights_of = [&](const Tensor& losses, int64_t start, int64_t rows) {
+      const BatchTensors part = pairs ? Slice(batch, start / seq_len, rows / seq_len, true) : Slice(batch, start, rows, false);
+      const ObjectiveValue value = EvaluateObjective(settings, (-losses).reshape(part.labels.sizes()), part);
+      loss_sum += value.loss_sum;
+      count += value.count;
+      if (value.count > 0) {
+        for (const auto& [name, figure] : value.metrics) metric_sums[name] += figure * static_cast<double>(value.count);
+      }
+      return (-value.coefficients).reshape({-1});
+    };
+    Tensor surrogate = model.HeadLossSumWeightedBy(hidden, batch.labels, weights_of, pairs ? 2 * seq_len : 1);
+    if (surrogate.defined()) {
+      pass.loss_sum = surrogate;
+      pass.loss_sum_value = loss_sum;
+      pass.count = count;
+      for (const auto& [name, sum] : metric_sums) pass.metrics[name] = count > 0 ? sum / static_cast<double>(count) : 0.0;
+      return pass;
+    }
+  }
   const Tensor logprobs = model.HeadLogProbs(hidden, batch.labels);
   ObjectiveValue value = EvaluateObjective(settings, logprobs, batch);
   // Weights -dL/dlp: the head's loss sum(-w lp) then has the objective's gradient.
