@@ -13,8 +13,8 @@
 #         every -fsanitize=undefined check but vptr (cmake/Sanitizers.cmake); GCC's object-size check
 #         needs optimisation and does nothing at -O0 (ASan covers those bounds).
 #         TIGON_ASAN_SCOPE picks what runs:
-#         ci (default): the gtest suites tigon_server_tests, tigon_kernel_tests, tigon_model_tests and
-#           tigon_engine_tests, less the tests in ASAN_SLOW_TESTS below (too slow under ASan for CI;
+#         ci (default): the gtest suites tigon_server_tests, tigon_kernel_tests, tigon_model_tests,
+#           tigon_objective_tests and tigon_engine_tests, less the tests in ASAN_SLOW_TESTS below (too slow under ASan for CI;
 #           each is listed with its reason). Each suite runs as two gtest shards side by side with one
 #           LibTorch thread each (a report aborts the shard: exit status != 0, the run fails).
 #         server: the server unit tests only (no LibTorch to compile; a quick check of the server).
@@ -123,8 +123,9 @@ for mode in "${MODES[@]}"; do
       mkdir -p "$logdir"
       case "$scope" in
         server) targets=(tigon_server_tests) ;;
-        ci) targets=(tigon_server_tests tigon_kernel_tests tigon_model_tests tigon_engine_tests) ;;
-        all) targets=(tigon_server_tests tigon_kernel_tests tigon_model_tests tigon_engine_tests tigon-server) ;;
+        ci) targets=(tigon_server_tests tigon_kernel_tests tigon_model_tests tigon_objective_tests tigon_engine_tests) ;;
+        all) targets=(tigon_server_tests tigon_kernel_tests tigon_model_tests tigon_objective_tests tigon_engine_tests
+                      tigon-server) ;;
         *) echo "unknown TIGON_ASAN_SCOPE '$scope' (ci, server, all)" >&2; exit 2 ;;
       esac
       start=$SECONDS
@@ -138,7 +139,7 @@ for mode in "${MODES[@]}"; do
       failed=0
       run_gtest_suite "$dir/tests/server/tigon_server_tests" "$filter" "$logdir" || failed=1
       if [[ $scope != server ]]; then
-        for suite in kernel model engine; do
+        for suite in kernel model objective engine; do
           run_gtest_suite "$dir/tests/tigon_${suite}_tests" "$filter" "$logdir" || failed=1
         done
       fi
