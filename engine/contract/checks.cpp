@@ -134,9 +134,12 @@ Status CheckBatch(const Batch& batch, const BatchLimits& limits) {
   return Status::Ok();
 }
 
-bool ObjectiveIsPerToken(const std::string& loss_fn) {
+Status CheckObjectiveSplitsOverRows(const Batch& batch) {
   objectives::Settings settings;
-  return objectives::Resolve(loss_fn, LossConfig(), &settings).ok() && objectives::IsPerToken(settings.kind);
+  TIGON_RETURN_IF_ERROR(objectives::Resolve(batch.loss_fn, batch.loss_config, &settings));
+  if (objectives::IsPerToken(settings.kind)) return Status::Ok();
+  return Invalid("loss_fn " + ObjectiveName(batch) + " is not available on a data-parallel session: it needs every "
+                 "row of the batch on one device (cross_entropy, importance_sampling, ppo and cispo are)");
 }
 
 Status CheckOptimizerSettings(const OptimizerSettings& s) {

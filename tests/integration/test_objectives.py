@@ -181,3 +181,19 @@ def test_bad_objective_input_is_refused_and_nothing_is_applied(shared_server):
         # Signed weights are the linear objective's.
         assert session.forward_backward(ids, labels=labels, loss_weights=-np.ones(ids.shape),
                                         loss_fn="linear").accumulated_batches == 1
+
+
+def test_the_dpo_example_shows_the_margin_and_accuracy_rise(shared_server):
+    import re
+    import subprocess
+    import sys
+    from conftest import ROOT
+    script = f"{ROOT}/client/python/examples/dpo_tiny.py"
+    out = subprocess.run([sys.executable, script, "--address", shared_server.address, "--steps", "40"],
+                         env={"PYTHONPATH": f"{ROOT}/client/python"}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [tuple(map(float, m)) for m in
+            re.findall(r"loss ([\d.]+)\s+reward margin ([-+\d.]+)\s+accuracy ([\d.]+)", out.stdout)]
+    assert len(rows) == 5, out.stdout
+    assert rows[0][0] == pytest.approx(0.6931, abs=1e-3)
+    assert rows[-1][0] < 0.5 and rows[-1][1] > 0.5 and rows[-1][2] == 1.0, out.stdout

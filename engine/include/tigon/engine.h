@@ -221,9 +221,10 @@ BatchLimits BatchLimitsOf(const SessionInfo& info);
 Status CheckBatchShape(int64_t rows, int64_t seq_len, const BatchLimits& limits);
 Status CheckBatch(const Batch& batch, const BatchLimits& limits);
 
-// The objectives whose rows are independent and whose count is their target tokens: what a session
-// spread over several devices accepts (its ranks hold different rows).
-bool ObjectiveIsPerToken(const std::string& loss_fn);
+// What a session spread over several devices (whose ranks hold different rows) also requires of a batch:
+// an objective whose rows are independent and whose count is their target tokens (cross_entropy,
+// importance_sampling, ppo, cispo); kInvalidArgument saying so otherwise.
+Status CheckObjectiveSplitsOverRows(const Batch& batch);
 
 // What the caller of a call still wants. The engine looks at it when a step starts and again between
 // the forward-backward pass and the optimizer update; a call no longer wanted returns kDeadlineExceeded or

@@ -218,15 +218,10 @@ class DataParallelSession final : public Session {
                                                 broken_.message());
   }
 
-  // The batch contract, and over several replicas an objective whose tokens are independent: the
-  // replicas hold different rows, and a pair or kto objective needs all of them at once.
+  // The batch contract, and over several replicas (which hold different rows) an objective that allows it.
   Status CheckRows(const Batch& batch) const {
     TIGON_RETURN_IF_ERROR(CheckBatch(batch, limits_));
-    if ((replicas() > 1 || spans_processes_) && !ObjectiveIsPerToken(ObjectiveName(batch)))
-      return Status(StatusCode::kInvalidArgument,
-                    "loss_fn " + ObjectiveName(batch) + " is not available on a data-parallel session: it needs " +
-                        "every row of the batch on one device (cross_entropy, importance_sampling, ppo and cispo are)");
-    return Status::Ok();
+    return replicas() > 1 || spans_processes_ ? CheckObjectiveSplitsOverRows(batch) : Status::Ok();
   }
 
   // Ranks in other processes check their own rows; all of them must agree before any collective starts
@@ -397,6 +392,7 @@ class DataParallelSession final : public Session {
       out->peak_allocated_bytes = std::max(out->peak_allocated_bytes, part.peak_allocated_bytes);
       out->peak_reserved_bytes = std::max(out->peak_reserved_bytes, part.peak_reserved_bytes);
     }
+    const int64_t local_tokens = tokens;
     if (spans_processes_) {  // the whole world's loss and tokens
       double values[2] = {loss_sum, static_cast<double>(tokens)};
       statuses[0] = group_->rank(0).AllReduceValues(values, 2);
@@ -408,8 +404,6 @@ class DataParallelSession final : public Session {
     pending_tokens_ += tokens;
     out->loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
     // Ranks in other processes: this process's rows' figures.
-    int64_t local_tokens = 0;
-    for (const auto& part : parts) local_tokens += part.tokens;
     for (const auto& [name, sum] : metric_sums) out->metrics[name] = local_tokens > 0 ? sum / local_tokens : 0.0;
     out->tokens = tokens;
     out->step = Info().step;
