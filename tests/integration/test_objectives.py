@@ -129,16 +129,25 @@ def test_a_custom_loss_equals_the_built_in_objective_it_restates(shared_server):
             value = -(ratio * advantages)[valid].sum() / tokens
             return value, np.where(valid, -ratio * advantages / tokens, 0.0)
 
-        mine = custom.forward_backward_custom(ids, importance_sampling, labels=labels)
+        # The asynchronous variant, with the update sent at once: it runs after the custom backward.
+        mine = custom.forward_backward_custom_async(ids, importance_sampling, labels=labels)
+        update = custom.optim_step_async(lr=1e-2)
         theirs = builtin.forward_backward(ids, labels=labels, loss_fn="importance_sampling",
                                           loss_fn_inputs={"logprobs": sampler, "advantages": advantages})
-        assert mine.loss == pytest.approx(theirs.loss, rel=1e-5)
-        custom.optim_step(lr=1e-2)
+        assert mine.result(timeout=60).loss == pytest.approx(theirs.loss, rel=1e-5)
+        assert update.result(timeout=60).step == 1
         builtin.optim_step(lr=1e-2)
         a = custom.forward(ids, labels=labels, return_logprobs=True).logprobs
         b = builtin.forward(ids, labels=labels, return_logprobs=True).logprobs
         assert np.abs(a - lp0).max() > 1e-4, "the step changed the model"
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+        # A loss that fails sends no backward, and the calls after it run at once.
+        def broken(lp):
+            raise ValueError("no loss today")
+        with pytest.raises(ValueError, match="no loss today"):
+            custom.forward_backward_custom(ids, broken, labels=labels)
+        assert custom.forward_backward(ids, labels=labels, timeout=20).accumulated_batches == 1
 
 
 def test_bad_objective_input_is_refused_and_nothing_is_applied(shared_server):

@@ -9,7 +9,7 @@ import uuid
 import grpc
 
 from . import _batch
-from ._calls import Future, _Call, call, with_async_variants
+from ._calls import Future, _Call, _Deferred, call, with_async_variants
 from .errors import Aborted, InvalidArgument, ResourceExhausted, TigonError, Unavailable, from_rpc_error
 from .results import CheckpointResult, ForwardResult, SavingsResult, ServerInfo, SessionInfo, StepResult
 from .v1 import trainer_pb2 as pb
@@ -342,18 +342,37 @@ class Session:
                                       _objective(loss_fn, loss_fn_inputs, loss_config, reference_session))
         return self._call("ForwardBackward", request, StepResult.from_proto, timeout)
 
+    @call
     def forward_backward_custom(self, input_ids, loss, labels=None, *, timeout=None):
         """Forward and backward for any loss of the per-token log-probabilities: `loss(logprobs)` gets them
         as a [batch, seq_len] array (0 where the label is ignored). With torch installed it gets a float64
         tensor that requires grad and returns a scalar tensor (or (tensor, metrics dict)); otherwise it
         returns (loss value, dloss/dlogprobs as a [batch, seq_len] array). The server then applies that
         gradient through its fused head (loss_fn "linear"). Costs one more forward pass than a built-in
-        objective. Returns the backward pass's StepResult with the loss (and metrics) of `loss`."""
-        forward = self.forward(input_ids, labels, return_logprobs=True, timeout=timeout)
-        value, grad, metrics = _custom_loss_gradient(loss, forward.logprobs)
-        result = self.forward_backward(input_ids, labels, [[-g for g in row] for row in grad], loss_fn="linear",
-                                       timeout=timeout)
-        return dataclasses.replace(result, loss=float(value), metrics=metrics)
+        objective. Returns the backward pass's StepResult with the loss (and metrics) of `loss`. Both calls
+        take their places in the session's order now, so later calls run after them."""
+        forward = self.forward_async(input_ids, labels, return_logprobs=True, timeout=timeout)
+        request = self._batch_request(pb.ForwardBackwardRequest, input_ids, labels, None, dict(loss_fn="linear"))
+        with self._order_lock:
+            self._order_number += 1
+            request.order.stream, request.order.number = self._order_stream, self._order_number
+            stream = self._order_stream
+
+        def finish():
+            try:
+                value, grad, metrics = _custom_loss_gradient(loss, forward.result(timeout).logprobs)
+            except BaseException:
+                # The numbered backward will never be sent: later calls start a new order instead of
+                # waiting for it.
+                with self._order_lock:
+                    if self._order_stream == stream:
+                        self._order_stream, self._order_number = os.urandom(16), 0
+                raise
+            request.batch.loss_weights.extend(-g for row in grad for g in row)
+            result = self._client._call("ForwardBackward", request, StepResult.from_proto, timeout, False,
+                                        on_error=lambda error: self._order_broken(stream, error)).run()
+            return dataclasses.replace(result, loss=float(value), metrics=metrics)
+        return _Deferred(finish)
 
     @call
     def optim_step(self, lr=None, *, betas=None, beta1=None, beta2=None, eps=None, weight_decay=None,
